@@ -1,0 +1,31 @@
+# verl_laminar: one command to set up and run, one to set up and test (idempotent; venv in .venv, ignored by git).
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup fixtures demo test test-fast test-slow clean-shm
+
+setup:
+	bash scripts/setup.sh
+
+fixtures: setup
+	$(PY) -m verl_laminar.fixtures
+
+# The main job on the embedded default: verl's sync GRPO on the CPU fixtures (3 steps, per-step metrics).
+demo: fixtures
+	bash recipes/cpu/run_sync_grpo.sh
+	$(MAKE) clean-shm
+
+# Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.
+test: fixtures
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS) tests
+	$(MAKE) clean-shm
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not e2e" $(PYTEST_ARGS) tests
+
+test-slow: fixtures
+	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests
+
+# vLLM's CPU engine leaves POSIX shared-memory queues behind when Ray kills it at shutdown.
+clean-shm:
+	$(PY) -m verl_laminar.platform.shm_cleanup

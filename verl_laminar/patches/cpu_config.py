@@ -1,0 +1,108 @@
+"""CPU defaults for a verl config, applied where ``main_ppo`` calls ``auto_set_device(config)``.
+
+Patch ``cpu_config_defaults`` (ledger: patches/README.md) wraps ``verl.utils.device.auto_set_device`` so that,
+when the CPU platform is active, the composed config gets the values the CPU path needs before
+``validate_config`` and ``ray.init`` see it. The user's recipe keys stay untouched on disk and on the command
+line; every change is logged at WARNING with the old and new value.
+
+Two kinds of values:
+* required: without them the run cannot work on CPU (FSDP1 refuses CPU modules, flash-attention is absent,
+  vLLM's sleep mode needs a CUDA memory pool, Ray needs logical GPUs to place verl's workers, TransferQueue's
+  8 storage actors hang a 2-core Ray). These are always applied.
+* lean: sizes that only cost time/memory on a small host (worker counts, weight-bucket size, eager vLLM,
+  padding removal). Applied only where the value is still verl's default, so an explicit choice wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_laminar.patches import Patch
+
+logger = logging.getLogger(__name__)
+
+# (dotted key, value) always applied on CPU.
+REQUIRED: tuple[tuple[str, Any], ...] = (
+    ("trainer.device", "cpu"),
+    ("actor_rollout_ref.model.override_config.attn_implementation", "sdpa"),
+    ("actor_rollout_ref.rollout.enable_sleep_mode", False),
+)
+# FSDP1 -> FSDP2 (torch FSDP1 refuses CPU modules when it syncs module states).
+STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
+# (dotted key, verl 0.9.1 default, CPU value): applied only while the key still holds verl's default.
+LEAN: tuple[tuple[str, Any, Any], ...] = (
+    ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, 1),
+    ("actor_rollout_ref.rollout.agent.num_workers", 8, 1),
+    ("reward.num_workers", 8, 1),
+    ("data.dataloader_num_workers", 8, 0),
+    ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048, 64),
+    ("actor_rollout_ref.rollout.enforce_eager", False, True),
+    ("actor_rollout_ref.model.use_remove_padding", True, False),
+)
+MIN_RAY_CPUS = 16  # logical CPUs: verl's actors each ask for one, real cores are shared anyway
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, default=None)
+
+
+def _set(cfg: DictConfig, key: str, value: Any, reason: str) -> None:
+    old = _get(cfg, key)
+    if old == value:
+        return
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, force_add=True)
+    logger.warning("CPU platform: %s: %r -> %r (%s)", key, old, value, reason)
+
+
+def _logical_gpus(cfg: DictConfig) -> int:
+    """Logical Ray GPUs the job places: trainer pool plus any standalone rollout pool."""
+    total = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+    rollout = cfg.actor_rollout_ref.rollout
+    if int(rollout.get("nnodes", 0) or 0) > 0:
+        total += int(rollout.nnodes) * int(rollout.n_gpus_per_node)
+    return total
+
+
+def apply_cpu_defaults(cfg: DictConfig) -> None:
+    if int(cfg.trainer.n_gpus_per_node) < 1:
+        raise ValueError(
+            f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: on the CPU platform this is the number of "
+            "CPU worker ranks per node; set it to 1 or more (e.g. trainer.n_gpus_per_node=1)."
+        )
+    for key, value in REQUIRED:
+        _set(cfg, key, value, "required on CPU")
+    for key in STRATEGY_KEYS:
+        if _get(cfg, key) == "fsdp":
+            _set(cfg, key, "fsdp2", "FSDP1 cannot shard CPU modules; FSDP2 can")
+    for key, verl_default, value in LEAN:
+        if _get(cfg, key) == verl_default:
+            _set(cfg, key, value, "CPU default; set the key explicitly to keep another value")
+    ray_init = cfg.ray_kwargs.ray_init
+    if ray_init.get("num_gpus") is None:
+        _set(cfg, "ray_kwargs.ray_init.num_gpus", _logical_gpus(cfg), "logical GPUs place verl's CPU workers")
+    if ray_init.get("num_cpus") is None or int(ray_init.num_cpus) < MIN_RAY_CPUS:
+        _set(cfg, "ray_kwargs.ray_init.num_cpus", MIN_RAY_CPUS, "logical CPUs for verl's helper actors")
+
+
+def _apply() -> None:
+    import verl.utils.device as device
+
+    original = device.auto_set_device
+
+    @functools.wraps(original)
+    def auto_set_device(config) -> None:
+        original(config)
+        from verl_laminar.platform.cpu import PLATFORM_NAME
+
+        if device.get_platform().device_name == PLATFORM_NAME and isinstance(config, DictConfig):
+            apply_cpu_defaults(config)
+
+    device.auto_set_device = auto_set_device
+
+
+CPU_CONFIG_DEFAULTS = Patch("cpu_config_defaults", "verl.utils.device.auto_set_device", _apply)

@@ -1,0 +1,1 @@
+"""Device platforms verl lacks (CPU) and the install-time glue they need."""

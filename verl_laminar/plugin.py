@@ -1,0 +1,111 @@
+"""verl plugin entry point (group ``verl.plugins``): registers everything verl_laminar provides.
+
+verl imports this module at ``import verl`` in every process (driver, TaskRunner, workers, rollout servers) and
+swallows any import error at DEBUG level. So registration runs at import, is idempotent, logs failures at
+ERROR before re-raising, and :func:`check_registered` lets any caller (our trainer, tests,
+``python -m verl_laminar.plugin --check``) fail loudly, naming what is missing.
+
+What is registered:
+* the ``cpu`` platform in verl's ``PlatformRegistry`` (selected automatically on hosts without an accelerator,
+  or by ``LAMINAR_CPU_PLATFORM=1`` / ``VERL_PLATFORM=cpu``), and, when it is active, the CPU patches;
+* components of later subsystems add themselves to ``_COMPONENTS`` below.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable
+
+logger = logging.getLogger("verl_laminar.plugin")
+
+_DONE: dict[str, str] = {}  # component -> short description of what was registered
+
+
+class PluginRegistrationError(RuntimeError):
+    pass
+
+
+def _register_cpu_platform() -> str:
+    from verl.plugin.platform import platform_manager
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    from verl_laminar.platform.cpu import PLATFORM_NAME, PlatformCPU, cpu_platform_requested
+
+    if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
+        PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    if not cpu_platform_requested():
+        return "registered (inactive: an accelerator is present or LAMINAR_CPU_PLATFORM=0)"
+    current = platform_manager._current_platform
+    if current is not None and not isinstance(current, PlatformCPU):
+        # Something resolved the platform before the plugins loaded; it fell back to CUDA, which cannot work here.
+        platform_manager.set_platform(PlatformCPU())
+    from verl_laminar.patches import apply_patch
+    from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
+    from verl_laminar.patches.cpu_runtime import FSDP_ENGINES, GLOO_PROCESS_GROUP
+    from verl_laminar.platform.vllm_dist import check as check_vllm_dist
+
+    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS):
+        apply_patch(patch)
+    check_vllm_dist()
+    return "active"
+
+
+# Ordered registration steps: (component name, function returning a description).
+_COMPONENTS: list[tuple[str, Callable[[], str]]] = [
+    ("platform:cpu", _register_cpu_platform),
+]
+
+
+def register() -> dict[str, str]:
+    """Register every component once per process; raise ``PluginRegistrationError`` naming failures."""
+    failed = []
+    for name, fn in _COMPONENTS:
+        if name in _DONE:
+            continue
+        try:
+            _DONE[name] = fn()
+        except Exception as e:  # fault boundary: verl would hide this at DEBUG, so surface it loudly here
+            logger.error("verl_laminar: registering %s failed: %s: %s", name, type(e).__name__, e)
+            failed.append((name, e))
+    if failed:
+        names = ", ".join(n for n, _ in failed)
+        raise PluginRegistrationError(f"verl_laminar could not register: {names}") from failed[0][1]
+    return dict(_DONE)
+
+
+def registered() -> dict[str, str]:
+    return dict(_DONE)
+
+
+def check_registered(required: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Return what is registered; raise naming every required component that is not."""
+    required = required or tuple(name for name, _ in _COMPONENTS)
+    missing = [name for name in required if name not in _DONE]
+    if missing:
+        raise PluginRegistrationError(
+            f"verl_laminar components not registered in this process: {', '.join(missing)} "
+            f"(registered: {sorted(_DONE) or 'nothing'}). Is verl-laminar installed in this environment "
+            "(pip install -e .) and VERL_USE_EXTERNAL_PLUGINS not excluding 'laminar'? "
+            "Run `python -m verl_laminar.plugin --check` for the error."
+        )
+    return dict(_DONE)
+
+
+def _main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import verl  # noqa: F401  (loads the entry points, as every verl process does)
+
+    try:
+        register()
+        for name, what in check_registered().items():
+            logger.info("%-24s %s", name, what)
+    except PluginRegistrationError as e:
+        logger.error("%s", e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    _main()
+else:
+    register()

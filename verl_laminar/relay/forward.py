@@ -1,0 +1,146 @@
+"""The forwarder: pushes the relay's newest version to its downstream neighbour, chunk by chunk.
+
+Dataflow: newest InFlight (or committed) version --BEGIN--> downstream; ACCEPT -> for each chunk, wait
+until it is ready here, send it (sendfile from this relay's own handle on the staging file); END;
+the downstream answers END once it has committed. SKIP means the downstream already holds it.
+
+Failure: a send/connect error means the downstream is gone. The forwarder drops it from its plan
+(``rebuild_chain``, pure), records the event, tells the observer (the relay group), and pushes the
+newest version from chunk 0 to the new downstream (the dead relay's own downstream). A torn source
+(``Superseded``) restarts the push with whatever replaced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+from verl_laminar.policy.chain import ChainPlan, rebuild_chain
+from verl_laminar.relay.inflight import InFlight, Superseded
+from verl_laminar.relay.store import VersionGoneError
+from verl_laminar.relay.transport import Frame, Kind, TransportError
+
+if TYPE_CHECKING:
+    from verl_laminar.relay.relay import Relay
+
+logger = logging.getLogger(__name__)
+
+
+class Forwarder:
+    def __init__(self, relay: "Relay", on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None) -> None:
+        self.relay = relay
+        self.plan: Optional[ChainPlan] = None
+        self.addresses: dict[str, tuple[str, int]] = {}
+        self._on_change = on_chain_change
+        self._sent: dict[str, int] = {}  # downstream id -> newest version it acknowledged
+        self._pending_rebuild: Optional[dict] = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"relay-{relay.relay_id}-forward", daemon=True)
+        self._thread.start()
+
+    def set_chain(self, plan: ChainPlan, addresses: dict[str, tuple[str, int]]) -> bool:
+        with self.relay._cond:
+            if self.plan is not None and plan.epoch < self.plan.epoch:
+                return False
+            self.plan = plan
+            self.addresses.update({k: tuple(v) for k, v in addresses.items()})
+            self.relay._cond.notify_all()
+            return True
+
+    def downstream(self) -> Optional[str]:
+        plan = self.plan
+        if plan is None or self.relay.relay_id not in plan.relays:
+            return None
+        return plan.downstream(self.relay.relay_id)
+
+    def close(self) -> None:
+        self._closed = True
+        with self.relay._cond:
+            self.relay._cond.notify_all()
+
+    def _next_job(self) -> Optional[tuple[str, int, Optional[InFlight]]]:
+        with self.relay._cond:
+            while not self._closed:
+                d = self.downstream()
+                src = self.relay.newest_source()
+                if d is not None and src is not None and src[0] > self._sent.get(d, -1):
+                    return d, src[0], src[1]
+                self.relay._cond.wait(0.5)
+        return None
+
+    def _loop(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            d, version, inflight = job
+            try:
+                self._push(d, version, inflight)
+            except TransportError as e:
+                if not self._closed:
+                    self._drop(d, e)
+            except (Superseded, VersionGoneError, FileNotFoundError) as e:
+                logger.debug("relay %s: restarting push of v%d to %s: %s", self.relay.relay_id, version, d, e)
+
+    def _push(self, d: str, version: int, inflight: Optional[InFlight]) -> None:
+        relay = self.relay
+        if inflight is not None:
+            manifest = inflight.manifest
+            path = inflight.path
+        else:
+            manifest = relay.reader().manifest(version)
+            path = relay.store.get(version).path
+        file = open(path, "rb")  # our own handle: stays valid across the staging -> version rename
+        ch = relay.transport.connect(self.addresses[d], timeout=relay.io_timeout_s)
+        try:
+            ch.settimeout(relay.io_timeout_s)
+            ch.send(Frame(Kind.BEGIN, version=version), manifest.with_checksums(()).to_json().encode())
+            reply = ch.recv_header()
+            self._note_rebuilt(d)
+            if reply.kind == Kind.ACCEPT:
+                t0 = time.time()
+                for i in range(manifest.num_chunks):
+                    crc = inflight.wait_chunk(i, relay.io_timeout_s) if inflight else manifest.checksums[i]
+                    off, length = manifest.chunk_span(i)
+                    ch.send_file(Frame(Kind.CHUNK, version=version, index=i, crc=crc), file, off, length)
+                ch.send(Frame(Kind.END, version=version))
+                if ch.recv_header().kind != Kind.END:
+                    raise TransportError(f"downstream {d} did not confirm version {version}")
+                relay.record_event({"event": "forwarded", "to": d, "version": version, "t_start": t0,
+                                    "t_end": time.time()})
+            elif reply.kind != Kind.SKIP:
+                raise TransportError(f"downstream {d} answered BEGIN with kind {reply.kind}")
+            with relay._cond:
+                self._sent[d] = max(self._sent.get(d, -1), version)
+        finally:
+            ch.close()
+            file.close()
+
+    def _drop(self, d: str, err: Exception) -> None:
+        t_detect = time.time()
+        with self.relay._cond:
+            if self.plan is None or d not in self.plan.relays:
+                return
+            new = rebuild_chain(self.plan, d)
+            self.plan = new
+            self._sent.pop(d, None)
+            self._pending_rebuild = {"relay": d, "t_detect": t_detect}
+        logger.warning("relay %s: downstream %s is gone (%s); chain now %s", self.relay.relay_id, d, err, new.relays)
+        self.relay.record_event({"event": "relay_dropped", "relay": d, "by": self.relay.relay_id,
+                                 "t_detect": t_detect, "epoch": new.epoch, "chain": list(new.relays)})
+        if self._on_change is None:
+            return
+        try:  # fault-tolerance boundary: a failing observer must never stop the broadcast
+            self._on_change(new, d)
+        except Exception:  # noqa: BLE001
+            logger.exception("relay %s: chain-change observer failed", self.relay.relay_id)
+
+    def _note_rebuilt(self, d: str) -> None:
+        pending, self._pending_rebuild = self._pending_rebuild, None
+        if pending is not None:
+            now = time.time()
+            self.relay.record_event({"event": "chain_rebuilt", "dropped": pending["relay"], "new_downstream": d,
+                                     "t_detect": pending["t_detect"], "t_rebuilt": now,
+                                     "rebuild_s": now - pending["t_detect"]})

@@ -1,0 +1,133 @@
+"""A private test network: one Linux network namespace per relay, joined by rate-limited veth links.
+
+Layout (all names start with this testbed's own prefix, so cleanup touches nothing else):
+    <prefix>b     a namespace holding bridge br0
+    <prefix>r<i>  relay i's namespace: eth0 = 10.213.0.<i+1>/24, veth peer v<i> on br0
+    egress of every relay's eth0: htb at the link rate (ACKs prioritised), netem delay under it when
+    --delay-ms > 0
+So each relay's outgoing link is the bottleneck, like one NIC per machine. Needs root, ``ip``, ``tc``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+SUBNET = "10.213.0"
+
+
+class TestbedUnavailable(RuntimeError):
+    """Network namespaces or tc cannot be used here (the message says what is missing and the fix)."""
+
+
+def _run(cmd: list[str]) -> None:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+
+
+class Testbed:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, n: int, rate_mbit: float, delay_ms: float = 0.0, prefix: Optional[str] = None) -> None:
+        if not 1 <= n <= 250:
+            raise ValueError(f"relay count {n} must be within 1..250 for one /24 testbed subnet")
+        self.n = n
+        self.rate_mbit = rate_mbit
+        self.delay_ms = delay_ms
+        self.prefix = prefix or f"lmr{os.getpid() % 100000}"
+        self.created: list[str] = []
+
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}r{i}"
+
+    def ip(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def _check(self) -> None:
+        if os.geteuid() != 0:
+            raise TestbedUnavailable("network namespaces need root; rerun as root (or in a privileged container)")
+        for tool in ("ip", "tc"):
+            if shutil.which(tool) is None:
+                raise TestbedUnavailable(f"`{tool}` is not installed; install iproute2")
+
+    def _add_ns(self, name: str) -> None:
+        try:
+            _run(["ip", "netns", "add", name])
+        except subprocess.CalledProcessError as e:
+            raise TestbedUnavailable(f"`ip netns add {name}` failed: {e.stderr.strip()}") from e
+        self.created.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+    def _shape(self, ns: str) -> None:
+        """htb at the link rate; small TCP packets (ACKs) in a priority class so they never queue behind
+        this relay's own outgoing chunks (a deep FIFO would stretch the upstream's ACK clock)."""
+        rate = f"{self.rate_mbit}mbit"
+        tc = ["ip", "netns", "exec", ns, "tc"]
+        cmds = [
+            tc + ["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20"],
+            tc + ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+                  "quantum", "30000"],
+            tc + ["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:10", "htb", "rate",
+                  f"{max(self.rate_mbit / 20, 1)}mbit", "ceil", rate, "prio", "0", "quantum", "30000"],
+            tc + ["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:20", "htb", "rate", rate, "ceil", rate,
+                  "prio", "1", "quantum", "30000"],
+            # IPv4 total length < 128 bytes -> priority class
+            tc + ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                  "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10"],
+        ]
+        if self.delay_ms > 0:
+            for leaf in ("10", "20"):
+                cmds.append(tc + ["qdisc", "add", "dev", "eth0", "parent", f"1:{leaf}", "handle", f"{leaf}:",
+                                  "netem", "delay", f"{self.delay_ms}ms", "limit", "10000"])
+        for cmd in cmds:
+            try:
+                _run(cmd)
+            except subprocess.CalledProcessError as e:
+                what = next((k for k in ("netem", "u32", "htb") if k in cmd), "tc")
+                hint = "; rerun with --delay-ms 0" if what == "netem" else ""
+                raise TestbedUnavailable(
+                    f"`{' '.join(cmd[4:])}` failed: {e.stderr.strip()}; the kernel lacks {what} support{hint}"
+                ) from e
+
+    def up(self) -> "Testbed":
+        self._check()
+        try:
+            br = f"{self.prefix}b"
+            self._add_ns(br)
+            _run(["ip", "-n", br, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", br, "link", "set", "br0", "up"])
+            for i in range(self.n):
+                ns = self.ns(i)
+                self._add_ns(ns)
+                _run(["ip", "link", "add", f"v{i}", "netns", br, "type", "veth", "peer", "name", "eth0", "netns", ns])
+                _run(["ip", "-n", br, "link", "set", f"v{i}", "master", "br0", "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0"])
+                _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+                self._shape(ns)
+        except (subprocess.CalledProcessError, TestbedUnavailable) as e:
+            self.down()
+            if isinstance(e, TestbedUnavailable):
+                raise
+            raise TestbedUnavailable(f"building the testbed failed at `{' '.join(e.cmd)}`: {e.stderr.strip()}") from e
+        logger.info("testbed %s: %d namespaces at %s mbit/s", self.prefix, self.n, self.rate_mbit)
+        return self
+
+    def down(self) -> None:
+        """Delete the namespaces this testbed created (their veths go with them)."""
+        for name in reversed(self.created):
+            res = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
+            if res.returncode != 0:
+                logger.warning("could not delete namespace %s: %s", name, res.stderr.strip())
+        self.created.clear()
+
+    def __enter__(self) -> "Testbed":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()

@@ -1,0 +1,289 @@
+"""One relay: a CPU process per rollout machine holding the newest weights in host shared memory.
+
+Dataflow:
+    trainer --begin_publish/end_publish (host memory)--> master Relay
+    upstream Relay --BEGIN, CHUNK*, END (Transport)--> _receive --> Staging --verify--> RelayStore
+    InFlight chunks --Forwarder--> downstream Relay (chunk i forwarded while chunk i+1 arrives)
+    rollouts on this machine --StoreReader (mmap)--> weights;  other machines --PULL--> _serve_pull
+
+Threads: one accept loop, one handler per incoming connection, one forwarder, one verifier per
+local publish. Plain class; ``ray.remote(Relay)`` at the spawn site makes it an actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Optional
+
+from verl_laminar.policy.chain import ChainPlan
+from verl_laminar.relay import probe
+from verl_laminar.relay.forward import Forwarder
+from verl_laminar.relay.inflight import InFlight
+from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.store import RelayStore, StoreReader, TornTransferError, VersionGoneError, default_store_root
+from verl_laminar.relay.transport import HEADER_SIZE, NEWEST, Channel, Frame, Kind, TcpTransport, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+
+class Relay:
+    def __init__(
+        self,
+        relay_id: str,
+        root: Optional[str] = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        transport: Optional[Transport] = None,
+        io_timeout_s: float = 30.0,
+        on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None,
+    ) -> None:
+        self.relay_id = relay_id
+        self.store = RelayStore(root or default_store_root(relay_id))
+        self.transport = transport or TcpTransport()
+        self.io_timeout_s = io_timeout_s
+        self._cond = threading.Condition()
+        self._inflight: dict[int, InFlight] = {}
+        self._timings: dict[int, dict] = {}
+        self._events: list[dict] = []
+        self._closed = False
+        self._prepared = 0
+        self._listener = self.transport.listen(host, port)
+        self.forwarder = Forwarder(self, on_chain_change)
+        threading.Thread(target=self._accept_loop, name=f"relay-{relay_id}-accept", daemon=True).start()
+        logger.info("relay %s listening on %s:%d, store %s", relay_id, *self._listener.address, self.store.root)
+
+    # ---- control surface (plain calls; Ray methods once wrapped) ----
+    def address(self) -> tuple[str, int]:
+        return tuple(self._listener.address)
+
+    def info(self) -> dict:
+        return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
+                "newest": self.store.newest(), "versions": self.store.versions()}
+
+    def ping(self) -> str:
+        return self.relay_id
+
+    def probe_latency(self, address: tuple[str, int], n: int = 50) -> float:
+        """Ts to the relay at ``address``: half the median header-only round trip."""
+        return probe.probe_latency(self.transport, tuple(address), n)
+
+    def probe_copy(self, address: tuple[str, int], nbytes: int) -> float:
+        """Seconds for one point-to-point copy of ``nbytes`` to the relay at ``address``."""
+        return probe.probe_copy(self.transport, tuple(address), nbytes)
+
+    def set_chain(self, plan: ChainPlan, addresses: dict[str, tuple[str, int]]) -> bool:
+        """Adopt ``plan`` unless this relay already holds a newer epoch."""
+        return self.forwarder.set_chain(plan, addresses)
+
+    def chain(self) -> Optional[ChainPlan]:
+        return self.forwarder.plan
+
+    def newest(self) -> Optional[int]:
+        return self.store.newest()
+
+    def versions(self) -> list[int]:
+        return self.store.versions()
+
+    def describe(self, version: Optional[int] = None) -> dict:
+        """Where a same-machine reader maps ``version``: {"version", "path", "manifest" (JSON)}."""
+        v = self.store.get(version)
+        return {"version": v.manifest.version, "path": v.path, "manifest": v.manifest.to_json()}
+
+    def progress(self) -> dict[int, int]:
+        """In-flight versions and how many of their chunks are ready here."""
+        with self._cond:
+            return {v: sum(f.ready) for v, f in self._inflight.items() if not f.failed}
+
+    def timings(self, version: Optional[int] = None) -> dict:
+        with self._cond:
+            return dict(self._timings) if version is None else dict(self._timings.get(version, {}))
+
+    def events(self) -> list[dict]:
+        with self._cond:
+            return list(self._events)
+
+    def wait_version(self, version: int, timeout_s: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while (self.store.newest() or -1) < version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.2))
+        return True
+
+    def close(self, destroy: bool = False) -> None:
+        self._closed = True
+        self._listener.close()
+        self.forwarder.close()
+        with self._cond:
+            for f in self._inflight.values():
+                f.fail()
+        if destroy:
+            self.store.destroy()
+
+    # ---- publishing (master) ----
+    def prepare_publish(self, nbytes: int) -> Optional[str]:
+        """Pre-allocate host memory for the next publish of ``nbytes``; returns its file.
+
+        A same-machine publisher maps that file once, ahead of time, and copies into it while
+        publishing (no page faults on the trainer's path); the relay replaces it after each publish.
+        """
+        self._prepared = nbytes
+        return self.store.preallocate(nbytes)
+
+    def begin_publish(self, manifest_json: str) -> str:
+        """Reserve host memory for a version; returns the file the publisher writes bytes into."""
+        m = VersionManifest.from_json(manifest_json)
+        plan = self.forwarder.plan
+        if plan is not None and plan.chunks > 1 and m.num_chunks == 1:
+            m = m.with_chunks(plan.chunks)
+        staging = self.store.begin(m)
+        with self._cond:
+            self._supersede(m.version)
+            self._inflight[m.version] = InFlight(staging, self._cond, source="publish")
+        return staging.path
+
+    def publish_prepared(self, manifest_json: str, spare: str) -> None:
+        """The publisher already wrote the version into ``spare`` (from ``prepare_publish``): take it."""
+        m = VersionManifest.from_json(manifest_json)
+        plan = self.forwarder.plan
+        if plan is not None and plan.chunks > 1 and m.num_chunks == 1:
+            m = m.with_chunks(plan.chunks)
+        f = InFlight(self.store.begin(m, spare=spare), self._cond, source="publish")
+        with self._cond:
+            self._supersede(m.version)
+            self._inflight[m.version] = f
+        self._start_verify(f)
+
+    def end_publish(self, version: int) -> None:
+        """The publisher finished writing; chunks become ready as their CRCs are recorded."""
+        with self._cond:
+            f = self._inflight.get(version)
+        if f is None or f.source != "publish":
+            raise VersionGoneError(f"version {version} has no publish in progress on relay {self.relay_id}")
+        self._start_verify(f)
+
+    def _start_verify(self, f: InFlight) -> None:
+        threading.Thread(target=self._verify_local, args=(f,), name=f"relay-{self.relay_id}-publish",
+                         daemon=True).start()
+
+    def _verify_local(self, f: InFlight) -> None:
+        for i in range(f.manifest.num_chunks):
+            if f.failed:
+                return
+            f.mark_ready(i, f.staging.verify(i))
+        self._commit(f)
+        if self._prepared:  # keep a warm buffer for the next publish, off the trainer's path
+            self.store.preallocate(self._prepared)
+
+    # ---- receiving ----
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                ch = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(ch,), daemon=True).start()
+
+    def _handle(self, ch: Channel) -> None:
+        try:
+            frame = ch.recv_header()
+            if frame.kind == Kind.PING:
+                while True:
+                    ch.send(Frame(Kind.PONG, index=frame.index))
+                    frame = ch.recv_header()
+            elif frame.kind == Kind.SINK:
+                probe.drain(ch, frame)
+            elif frame.kind == Kind.PULL:
+                from verl_laminar.relay.client import serve_pull
+
+                serve_pull(self.store, ch, None if frame.version == NEWEST else frame.version)
+            elif frame.kind == Kind.BEGIN:
+                self._receive(ch, VersionManifest.from_json(ch.recv_payload(frame.length)))
+            else:
+                raise TransportError(f"unexpected first frame kind {frame.kind} from {ch.peer}")
+        except (TransportError, TornTransferError, VersionGoneError) as e:
+            logger.debug("relay %s: connection from %s ended: %s", self.relay_id, ch.peer, e)
+        finally:
+            ch.close()
+
+    def _supersede(self, version: int) -> None:
+        old = self._inflight.pop(version, None)
+        if old is not None:
+            old.fail()
+
+    def _receive(self, ch: Channel, m: VersionManifest) -> None:
+        with self._cond:
+            newest = self.store.newest()
+            if newest is not None and m.version <= newest:
+                ch.send(Frame(Kind.SKIP, version=m.version))
+                return
+            self._supersede(m.version)
+            f = InFlight(self.store.begin(m), self._cond, source=ch.peer)
+            f.channel = ch
+            self._inflight[m.version] = f
+        ch.send(Frame(Kind.ACCEPT, version=m.version))
+        try:
+            for i in range(m.num_chunks):
+                ch.expect(HEADER_SIZE + m.chunk_span(i)[1])
+                fr = ch.recv_header()
+                if fr.kind != Kind.CHUNK or fr.version != m.version:
+                    raise TransportError(f"expected CHUNK of version {m.version}, got kind {fr.kind} v{fr.version}")
+                view = f.staging.chunk(fr.index)
+                if fr.length != len(view):
+                    raise TornTransferError(f"chunk {fr.index} is {fr.length} bytes, expected {len(view)}")
+                try:
+                    ch.recv_payload_into(view)
+                finally:
+                    view.release()
+                f.mark_ready(fr.index, f.staging.verify(fr.index, fr.crc))
+            ch.expect(1)
+            if ch.recv_header().kind != Kind.END:
+                raise TransportError(f"version {m.version} from {ch.peer} did not end with END")
+            self._commit(f)
+            ch.send(Frame(Kind.END, version=m.version))
+        except (TransportError, TornTransferError, IndexError, ValueError) as e:
+            logger.warning("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
+            with self._cond:
+                if self._inflight.get(m.version) is f:
+                    del self._inflight[m.version]
+            f.fail()
+            self.store.abort(f.staging)
+
+    def _commit(self, f: InFlight) -> None:
+        if f.failed:
+            self.store.abort(f.staging)
+            return
+        self.store.commit(f.staging)
+        now = time.time()
+        with self._cond:
+            if self._inflight.get(f.version) is f:
+                del self._inflight[f.version]
+            f.done = True
+            self._timings[f.version] = {"t_begin": f.t_begin, "t_first_chunk": f.t_first_chunk, "t_complete": now,
+                                        "bytes": f.manifest.total_bytes, "chunks": f.manifest.num_chunks,
+                                        "source": f.source}
+            self._cond.notify_all()
+        logger.info("relay %s holds version %d (%.3fs after begin)", self.relay_id, f.version, now - f.t_begin)
+
+    # ---- used by the forwarder ----
+    def newest_source(self) -> Optional[tuple[int, Optional[InFlight]]]:
+        """The newest version to forward: an in-flight one, else the newest committed one (cond held)."""
+        live = [v for v, f in self._inflight.items() if not f.failed]
+        committed = self.store.newest()
+        best = max(live + ([committed] if committed is not None else []), default=None)
+        if best is None:
+            return None
+        return best, self._inflight.get(best)
+
+    def record_event(self, event: dict) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def reader(self) -> StoreReader:
+        return StoreReader(self.store.root)

@@ -1,0 +1,1 @@
+"""Reward functions and the fault-tolerance boundary that runs them."""

@@ -1,0 +1,105 @@
+"""Cost models derived from ``params``: rollout capacity, training, weight movement.
+
+Every system prices the same operation with the same function here; the broadcast times come from
+``policy.chain`` (the code the relays run), so the simulated chain is the planned chain.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from verl_laminar.policy import chain
+from verl_laminar.policy.roofline import DecodeCost, ModelShape, compute_bound_batch, decode_cost, prefill_time
+from verl_laminar.sim.params import SimParams
+
+
+@dataclass(frozen=True)
+class RolloutCosts:
+    """What a ``tp``-GPU rollout of a model costs to run."""
+
+    decode: DecodeCost
+    prefill_s_per_token: float  # compute-bound prefill, seconds per prompt token
+    kv_capacity: int  # tokens
+    max_seqs: int
+    c_max: float
+    repack_batch: int  # B from the roofline
+
+
+def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
+    inf, dev = p.inference, p.device
+    free = tp * (dev.hbm_bytes * inf.kv_memory_fraction - inf.reserve_bytes_per_gpu) - model.weight_bytes
+    if free <= 0:
+        raise ValueError(f"{model.name} does not fit a rollout of tp={tp} on {dev.name}: raise tp")
+    per_token = prefill_time(model, dev, 1e6, tp, inf.efficiency) / 1e6
+    return RolloutCosts(
+        decode=decode_cost(model, dev, tp, inf.efficiency),
+        prefill_s_per_token=per_token,
+        kv_capacity=int(free // model.kv_bytes_per_token),
+        max_seqs=inf.max_num_seqs,
+        c_max=inf.c_max,
+        repack_batch=compute_bound_batch(model, dev, tp, eff=inf.efficiency),
+    )
+
+
+def train_seconds(model: ModelShape, tokens: float, trainer_gpus: int, p: SimParams) -> float:
+    """One pass of forward + backward over ``tokens`` tokens (6 * params FLOPs each at the stated MFU)."""
+    t = p.training
+    return t.flops_per_param_token * model.params * tokens / (trainer_gpus * p.device.peak_flops * t.mfu)
+
+
+def min_trainer_gpus(model: ModelShape, p: SimParams) -> int:
+    """Whole machines whose memory holds the sharded training state within the allowed fraction."""
+    t, n = p.training, p.network.gpus_per_machine
+    gpus = model.params * t.state_bytes_per_param / (p.device.hbm_bytes * t.state_memory_fraction)
+    return n * math.ceil(gpus / n)
+
+
+def publish_stall(model: ModelShape, p: SimParams) -> float:
+    """Trainer pause while it hands its weights to the master relay over RDMA (then it resumes)."""
+    return model.weight_bytes / p.network.publish_bandwidth
+
+
+def relay_plan(machines: int, model: ModelShape, p: SimParams) -> chain.ChainPlan:
+    """The relay chain over ``machines`` rollout machines, planned by the runtime's own code."""
+    net = p.network
+    return chain.plan_chain([f"m{i:05d}" for i in range(machines)], W=model.weight_bytes,
+                            Tb=1.0 / net.relay_bandwidth, Ts=net.relay_msg_latency_s)
+
+
+def relay_arrivals(plan: chain.ChainPlan, model: ModelShape, p: SimParams) -> list[float]:
+    """Seconds after the master holds the weights until relay k (chain order) holds all of them.
+
+    Chunk i reaches relay k after (k + i) chunk times, so the last chunk arrives at (k + c - 1); at
+    the tail (k = p - 1) this is ``chain_time(p, c)``.
+    """
+    net = p.network
+    c, n = plan.chunks, len(plan.relays)
+    per_chunk = model.weight_bytes / net.relay_bandwidth / c + net.relay_msg_latency_s
+    return [0.0] + [(k + c - 1) * per_chunk for k in range(1, n)]
+
+
+def pcie_load(model: ModelShape, tp: int, p: SimParams) -> float:
+    """A rollout loads its shard from the machine-local relay; each GPU has its own PCIe link."""
+    net = p.network
+    return model.weight_bytes / tp / (p.device.pcie_bandwidth * net.pcie_efficiency) + net.weight_load_fixed_s
+
+
+def g2g_broadcast(model: ModelShape, tp: int, receivers: int, p: SimParams) -> float:
+    """GPU-to-GPU weight sync from the trainer to ``receivers`` rollouts at once (NCCL).
+
+    NCCL's broadcast is a pipelined chain like the relays', so ``t_star`` prices it, with each of the
+    ``tp`` shards on its own GPU's NIC; plus the gather and set-up outside the transfer.
+    """
+    if receivers <= 0:
+        return 0.0
+    net = p.network
+    bw = net.ib_bandwidth_per_gpu * net.nccl_efficiency
+    move = chain.t_star(receivers + 1, model.weight_bytes / tp, 1.0 / bw, net.nccl_hop_latency_s)
+    return move + net.g2g_fixed_s
+
+
+def colocate_switch(model: ModelShape, tp: int, p: SimParams) -> float:
+    """verl colocated: each mode switch moves the rollout weights across PCIe and re-creates caches."""
+    return model.weight_bytes / tp / (p.device.pcie_bandwidth * p.network.pcie_efficiency) + \
+        p.training.colocate_switch_fixed_s

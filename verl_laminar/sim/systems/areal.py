@@ -1,0 +1,59 @@
+"""AReaL: continuous generation, interrupted at every weight update.
+
+Prompt groups go to rollouts round-robin whenever the outstanding bound has room, so no rollout
+waits for a tail. At each publication the trainer broadcasts GPU-to-GPU to every rollout; every
+rollout stops, loads the weights and re-prefills the cache of every trajectory in flight, which
+then continues with the new weights (trajectories mix versions). Staleness is unbounded, as in the
+paper's throughput runs, and measured from a trajectory's first token.
+"""
+
+from __future__ import annotations
+
+from verl_laminar.sim.costs import g2g_broadcast
+from verl_laminar.sim.systems.asynchronous import AsyncBase
+from verl_laminar.sim.systems.base import Result, Setup
+
+
+class AReaL(AsyncBase):
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        lay = setup.layout
+        self.bcast = g2g_broadcast(self.model, lay.tp, lay.rollouts, self.p)
+        self._rr = 0
+        self.mixed = 0
+        self.done_trajectories = 0
+
+    def start(self, t: float) -> None:
+        self.fill(t)
+
+    def fill(self, t: float) -> None:
+        g = self.p.schedule.group_size
+        n = len(self.rollouts)
+        while self.room() >= g:
+            r = self.rollouts[self._rr % n]
+            self._rr += 1
+            r.submit(self.take(self.next_groups(1), r, t), t)
+
+    def on_budget(self, t: float) -> None:
+        self.fill(t)
+
+    def on_seq_done(self, r, seq, t: float) -> None:
+        self.mixed += seq.mixed
+        self.done_trajectories += 1
+        super().on_seq_done(r, seq, t)
+
+    def publish_cost(self, t: float) -> float:
+        return self.bcast
+
+    def on_train_end(self, t: float) -> None:
+        # every rollout takes part in the broadcast, then rebuilds all its caches with the new weights
+        for r in self.rollouts:
+            r.interrupt(self.version + 1, self.bcast)
+            self.record(r.rid, "interrupt", t, r.t)
+
+    def finish(self) -> Result:
+        res = self.meter.result("areal", self.setup, events=self.engine.events,
+                                trainer_idle_frac=self.trainer_idle / max(self.engine.now, 1e-9))
+        res.staleness["mixed_version_frac"] = round(self.mixed / max(self.done_trajectories, 1), 4)
+        res.trace = self.trace
+        return res

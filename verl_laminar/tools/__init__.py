@@ -1,0 +1,1 @@
+"""Tools for verl's `tool_agent` agent loop."""
