@@ -33,7 +33,7 @@ exec "$PY" -m verl.trainer.main_ppo \
   data.train_files="$DATA/train.parquet" \
   data.val_files="$DATA/val.parquet" \
   data.train_batch_size="$BATCH" \
-  data.max_prompt_length=192 \
+  data.max_prompt_length=128 \
   data.max_response_length="$RESP" \
   data.filter_overlong_prompts=False \
   data.seed=1 \

@@ -86,7 +86,7 @@ def test_cpu_defaults_fill_required_and_lean_values():
     assert cfg.actor_rollout_ref.rollout.enable_sleep_mode is False
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert cfg.ray_kwargs.ray_init.num_gpus == 2 and cfg.ray_kwargs.ray_init.num_cpus >= 16
-    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 64
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 256
 
 
 def test_cpu_defaults_keep_explicit_user_choices():

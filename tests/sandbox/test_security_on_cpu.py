@@ -226,3 +226,10 @@ def test_no_child_process_outlives_the_call(sandbox, ending):
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_with(marker) == []
+
+
+def test_closing_the_pipes_does_not_escape_the_deadline(sandbox):
+    start = time.monotonic()
+    result = sandbox.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n")
+    assert result.status is SandboxStatus.TIMEOUT
+    assert time.monotonic() - start < sandbox.config.timeout_s + 4

@@ -39,10 +39,15 @@ LEAN: tuple[tuple[str, Any, Any], ...] = (
     ("actor_rollout_ref.rollout.agent.num_workers", 8, 1),
     ("reward.num_workers", 8, 1),
     ("data.dataloader_num_workers", 8, 0),
-    ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048, 64),
+    ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048, 256),
     ("actor_rollout_ref.rollout.enforce_eager", False, True),
     ("actor_rollout_ref.model.use_remove_padding", True, False),
 )
+# bf16 matmuls on CPUs without AVX512-BF16/AMX fall back to torch's scalar reference GEMM (measured: one
+# update of the tiny model did not finish in 15 minutes); compute in fp32 there instead.
+FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
+                        "actor_rollout_ref.ref.fsdp_config.mixed_precision")
 MIN_RAY_CPUS = 16  # logical CPUs: verl's actors each ask for one, real cores are shared anyway
 
 
@@ -57,6 +62,12 @@ def _set(cfg: DictConfig, key: str, value: Any, reason: str) -> None:
     with open_dict(cfg):
         OmegaConf.update(cfg, key, value, force_add=True)
     logger.warning("CPU platform: %s: %r -> %r (%s)", key, old, value, reason)
+
+
+def cpu_has_fast_bf16() -> bool:
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _logical_gpus(cfg: DictConfig) -> int:
@@ -82,11 +93,20 @@ def apply_cpu_defaults(cfg: DictConfig) -> None:
     for key, verl_default, value in LEAN:
         if _get(cfg, key) == verl_default:
             _set(cfg, key, value, "CPU default; set the key explicitly to keep another value")
+    if not cpu_has_fast_bf16():
+        for key in MIXED_PRECISION_KEYS:
+            if _get(cfg, key) is None:
+                _set(cfg, key, dict(FP32_MIXED_PRECISION), "this CPU has no fast bf16 GEMM")
+        if _get(cfg, "actor_rollout_ref.rollout.dtype") == "bfloat16":
+            _set(cfg, "actor_rollout_ref.rollout.dtype", "float32", "this CPU has no fast bf16 GEMM")
     ray_init = cfg.ray_kwargs.ray_init
     if ray_init.get("num_gpus") is None:
         _set(cfg, "ray_kwargs.ray_init.num_gpus", _logical_gpus(cfg), "logical GPUs place verl's CPU workers")
     if ray_init.get("num_cpus") is None or int(ray_init.num_cpus) < MIN_RAY_CPUS:
         _set(cfg, "ray_kwargs.ray_init.num_cpus", MIN_RAY_CPUS, "logical CPUs for verl's helper actors")
+    if ray_init.get("_node_ip_address") is None:
+        # A CPU run is one host: keep Ray, vLLM's servers and verl's stores on loopback, never on a NIC address.
+        _set(cfg, "ray_kwargs.ray_init._node_ip_address", "127.0.0.1", "single-host CPU run stays on loopback")
 
 
 def _apply() -> None:

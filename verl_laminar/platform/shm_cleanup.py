@@ -36,7 +36,7 @@ def cleanup() -> list[str]:
     in_use = _mapped_shm_names()
     removed = []
     for path in SHM.iterdir():
-        if path.name.startswith(PREFIXES) and path.name not in in_use and path.owner() == Path.home().owner():
+        if path.name.startswith(PREFIXES) and path.name not in in_use and path.stat().st_uid == os.getuid():
             try:
                 os.unlink(path)
                 removed.append(path.name)

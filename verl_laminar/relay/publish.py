@@ -82,7 +82,7 @@ class Publisher:
                                    tensors=tensors, tp_size=tp_size).to_json()
         with self._lock:
             warm, self._warm = self._warm, None
-        if warm is not None and warm[0] == total_bytes:
+        if warm is not None and warm[0] >= total_bytes:
             for offset, data in parts:
                 view = memoryview(data).cast("B")
                 warm[2][offset : offset + len(view)] = view
@@ -98,9 +98,24 @@ class Publisher:
         self._bg.start()
         return stall
 
+    def warm_buffer(self) -> Optional[mmap.mmap]:
+        """The pre-mapped buffer of the next publish (write the version into it, then ``publish_written``)."""
+        if self._bg is not None:
+            self._bg.join()
+        with self._lock:
+            return self._warm[2] if self._warm is not None else None
+
+    def publish_written(self, version: int, total_bytes: int, tensors: tuple[TensorEntry, ...] = (),
+                        tp_size: int = 1, reprepare: bool = True) -> float:
+        """The first ``total_bytes`` of ``warm_buffer()`` hold the version: hand it to the master."""
+        return self.publish_parts(version, total_bytes, [], tensors, tp_size, reprepare)
+
     def _after_publish(self, used: Optional[tuple[int, str, mmap.mmap]], nbytes: int) -> None:
         if used is not None:
-            used[2].close()
+            try:
+                used[2].close()
+            except BufferError:  # a caller still holds a view of it; it is unmapped when that goes
+                logger.debug("publish buffer %s still referenced; leaving the unmap to its owner", used[1])
         if nbytes:
             self.prepare(nbytes)
 

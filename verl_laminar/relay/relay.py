@@ -24,7 +24,7 @@ from verl_laminar.relay.forward import Forwarder
 from verl_laminar.relay.inflight import InFlight
 from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.store import RelayStore, StoreReader, TornTransferError, VersionGoneError, default_store_root
-from verl_laminar.relay.transport import HEADER_SIZE, NEWEST, Channel, Frame, Kind, TcpTransport, Transport, TransportError
+from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, TcpTransport, Transport, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,6 @@ class Relay:
         ch.send(Frame(Kind.ACCEPT, version=m.version))
         try:
             for i in range(m.num_chunks):
-                ch.expect(HEADER_SIZE + m.chunk_span(i)[1])
                 fr = ch.recv_header()
                 if fr.kind != Kind.CHUNK or fr.version != m.version:
                     raise TransportError(f"expected CHUNK of version {m.version}, got kind {fr.kind} v{fr.version}")
@@ -241,7 +240,6 @@ class Relay:
                 finally:
                     view.release()
                 f.mark_ready(fr.index, f.staging.verify(fr.index, fr.crc))
-            ch.expect(1)
             if ch.recv_header().kind != Kind.END:
                 raise TransportError(f"version {m.version} from {ch.peer} did not end with END")
             self._commit(f)

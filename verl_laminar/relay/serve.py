@@ -101,7 +101,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--control", required=True, help="Unix socket path for control calls")
     ap.add_argument("--rate-bytes-per-s", type=float, default=None, help="pace sends (tests without tc)")
     ap.add_argument("--io-timeout-s", type=float, default=30.0)
+    ap.add_argument("--nice", type=int, default=None,
+                    help="scheduling niceness of this relay (negative needs root): relays use little CPU but are "
+                         "latency-sensitive, like any I/O daemon")
     a = ap.parse_args(argv)
+    if a.nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, a.nice)
     logging.basicConfig(level=os.environ.get("LAMINAR_RELAY_LOG", "WARNING"))
     authkey = bytes.fromhex(os.environ[_AUTH_ENV])
     relay = Relay(a.id, root=a.root, host=a.host, port=a.port, transport=TcpTransport(a.rate_bytes_per_s),
@@ -118,13 +123,16 @@ class RelayProcess:
     """Parent-side handle of a relay process: start it, call it, kill it (by its own PID only)."""
 
     def __init__(self, relay_id: str, root: str, control: str, host: str = "127.0.0.1", netns: Optional[str] = None,
-                 rate_bytes_per_s: Optional[float] = None, io_timeout_s: float = 30.0) -> None:
+                 rate_bytes_per_s: Optional[float] = None, io_timeout_s: float = 30.0,
+                 nice: Optional[int] = None) -> None:
         self.relay_id, self.root, self.control, self.netns = relay_id, root, control, netns
         self._authkey = secrets.token_bytes(16)
         cmd = [sys.executable, "-m", "verl_laminar.relay.serve", "--id", relay_id, "--root", root, "--host", host,
                "--control", control, "--io-timeout-s", str(io_timeout_s)]
         if rate_bytes_per_s:
             cmd += ["--rate-bytes-per-s", str(rate_bytes_per_s)]
+        if nice is not None:
+            cmd += ["--nice", str(nice)]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         env = dict(os.environ, **{_AUTH_ENV: self._authkey.hex()})

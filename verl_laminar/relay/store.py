@@ -71,6 +71,8 @@ class Staging:
         self.path = os.path.join(root, f"staging-{manifest.version:012d}-{uuid.uuid4().hex[:8]}.data")
         if spare is not None:  # pre-allocated pages: writing into them costs no page faults
             os.replace(spare, self.path)
+            if os.path.getsize(self.path) != manifest.total_bytes:
+                os.truncate(self.path, manifest.total_bytes)
         else:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -143,11 +145,12 @@ class RelayStore:
         """A new staging area; ``spare`` (a path from ``preallocate``) is reused, bytes already in it kept."""
         if spare is not None:
             with self._lock:
-                if self._spares.get(manifest.total_bytes) != spare:
+                size = next((n for n, p in self._spares.items() if p == spare), None)
+                if size is None or size < manifest.total_bytes:
                     raise VersionGoneError(
-                        f"{spare} is not a spare buffer of {manifest.total_bytes} bytes in {self.root}; "
+                        f"{spare} is not a spare buffer of at least {manifest.total_bytes} bytes in {self.root}; "
                         "call prepare_publish again")
-                del self._spares[manifest.total_bytes]
+                del self._spares[size]
         return Staging(self.root, manifest, spare)
 
     def preallocate(self, nbytes: int) -> Optional[str]:
@@ -235,6 +238,10 @@ class RelayStore:
                 os.unlink(os.path.join(self.root, name))
             os.rmdir(self.root)
             self._versions.clear()
+        try:  # the shared parent (default_store_root) goes with its last relay
+            os.rmdir(os.path.dirname(self.root))
+        except OSError:
+            pass
 
 
 class StoreReader:

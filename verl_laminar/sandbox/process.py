@@ -77,6 +77,14 @@ def run_capped(argv: list[str], *, timeout_s: float, max_bytes: int, env: dict[s
                     output_over = True
             if output_over:
                 break
+        if not (timed_out or output_over):
+            # Both pipes closed; let the leader report its own exit status before the group is killed
+            # (killing first would turn every exit code into -9). A snippet that closed its pipes but keeps
+            # running is still bound by the deadline.
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
     finally:
         selector.close()
         _kill_group(proc.pid)

@@ -58,6 +58,7 @@ def jobs(seed: int, p: SimParams, cells: Optional[Iterable[tuple[str, str, int]]
 
 
 def run_job(job: Job) -> list[dict]:
+    t0 = time.perf_counter()
     systems = {"sync": ["sync"], "pipelined": ["one_step", "streaming"], "areal": ["areal"], "laminar": ["laminar"]}
     out = []
     for system in systems[job.family]:
@@ -67,6 +68,8 @@ def run_job(job: Job) -> list[dict]:
             lay = default_layout(job.model, job.gpus, sr.best.trainer_gpus, job.params)
             for abl in LAMINAR_ABLATIONS:
                 out.append(_row(simulate(abl, Setup(job.model, job.task, lay, job.seed, job.params)), {}))
+    logger.info("%s %s %d GPUs %s: %s in %.1fs", job.task, job.model, job.gpus, job.family,
+                ", ".join(f"{r['system']}={r['throughput']:.0f}@{r['trainer_gpus']}" for r in out), time.perf_counter() - t0)
     return out
 
 

@@ -122,9 +122,10 @@ class Schedule:
     minibatches: int = 16  # paper: 16 mini-batch updates per step (streaming trains them as data arrives)
     repack_interval_s: float = 5.0  # paper, Step 3
     repack_pause_s: float = 0.69  # paper, Step 3: "0.69 s per repack" (source and target both pause)
-    # Asynchronous systems (Laminar, AReaL) keep at most this many steps' worth of trajectories in
-    # flight or buffered; the same bound for both -- assumption (swept).
-    async_outstanding_steps: float = 2.0
+    # Asynchronous systems (Laminar, AReaL): generation pauses while the experience buffer already
+    # holds this many steps of finished groups the trainer has not taken (backpressure); the same
+    # rule for both -- assumption (swept).
+    async_buffer_steps: float = 1.0
     sync_steps: int = 3  # steps simulated; every step of a synchronous system is alike
     pipeline_steps: int = 6  # one-step-stale / streaming: publications simulated; the first is warm-up
     pipeline_warmup: int = 1

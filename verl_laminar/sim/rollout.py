@@ -149,15 +149,22 @@ class Rollout:
         self._s_admit -= s.admit_tau
 
     def _admit(self) -> None:
-        prefill, w = 0.0, self.waiting
-        while w and len(self.running) < self.max_seqs:
+        w = self.waiting
+        if not w:
+            return
+        running, tau, limit = self.running, self.tau, self.admit_limit
+        prefill, room = 0.0, self.max_seqs - len(running)
+        c = self._s_base + len(running) * tau - self._s_admit  # cache in use, kept current below
+        while w and room > 0:
             s = w[0]
-            if self.running and self.ctx() + s.ctx > self.admit_limit:
+            if running and c + s.ctx > limit:
                 break
             w.popleft()
             prefill += s.prefill
             s.prefill = 0.0
             self._start(s)
+            c += s.ctx
+            room -= 1
         if prefill:
             self.t += self.pf * prefill  # prefill runs in place of decode steps
 
@@ -184,12 +191,15 @@ class Rollout:
         now = self.engine.now
         self.t, self.tau = now, self._next_tau
         heap, running, done = self._heap, self.running, []
-        while heap and heap[0][0] <= self.tau + 1e-6:  # everything due by now, quantum included
+        due = self.tau + 1e-6  # everything due by now, quantum included
+        while heap and heap[0][0] <= due:
             f, sid, s = heapq.heappop(heap)
             if running.get(sid) is not s or s.finish_tau != f:
                 continue
-            self._stop(s)
-            s.ctx += s.finish_tau - s.admit_tau
+            del running[sid]
+            self._s_base -= s.ctx
+            self._s_admit -= s.admit_tau
+            s.ctx += f - s.admit_tau
             if s.segments:  # a tool call: the turn leaves and queues again when the tool answers
                 latency, out, gen = s.segments.pop(0)
                 s.ctx += out

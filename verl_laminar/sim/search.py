@@ -2,15 +2,15 @@
 
 Candidates are whole machines at eighths of the cluster, from the trainer's memory minimum up to
 one rollout machine left. Throughput is unimodal in the split (more trainer GPUs speed training and
-slow generation), so a golden-section search over the candidates finds the best with few runs; a
-split whose trainer alone could not beat the best throughput found (its FLOP-bound rate is an upper
-bound for any split) is skipped without simulating it.
+slow generation), so a hill climb finds the best with few runs: start in the middle, let the
+trainer's idle time say which way to go (an idle trainer waits for data: give rollouts more GPUs),
+and step while throughput improves. A split whose trainer alone could not beat the best throughput
+found (its FLOP-bound rate caps any split) is not simulated.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,6 +19,9 @@ from verl_laminar.sim.params import MODELS, ROLLOUT_TP, SimParams
 from verl_laminar.sim.systems import COLOCATED, Result, Setup, default_layout, simulate
 
 logger = logging.getLogger(__name__)
+
+
+IDLE_HINT = 0.05  # a trainer idle more than this waits for data
 
 
 def candidate_splits(model: str, gpus: int, p: SimParams, steps: int = 8) -> list[int]:
@@ -59,23 +62,20 @@ def best_split(system: str, model: str, task: str, gpus: int, seed: int, p: SimP
         if tg not in runs:
             best = max((r.throughput for r in runs.values()), default=0.0)
             if runs and trainer_bound(model, tg, p) <= best:
-                return -1.0 / tg  # cannot win; smaller splits are worse still
+                return -1.0  # cannot win
             runs[tg] = simulate(system, Setup(model, task, default_layout(model, gpus, tg, p), seed, p))
         return runs[tg].throughput
 
-    lo, hi = 0, len(cands) - 1
-    inv_phi = (math.sqrt(5) - 1) / 2
-    while hi - lo > 2:
-        a = hi - round((hi - lo) * inv_phi)
-        b = lo + round((hi - lo) * inv_phi)
-        if a == b:
-            b = a + 1
-        if score(a) >= score(b):
-            hi = b
-        else:
-            lo = a
-    for i in range(lo, hi + 1):
-        score(i)
+    i = (len(cands) - 1) // 2
+    here = score(i)
+    idle = runs[cands[i]].trainer_idle_frac or 0.0
+    first = -1 if idle > IDLE_HINT else 1
+    for step in (first, -first):
+        j = i
+        while 0 <= j + step < len(cands) and score(j + step) > score(j):
+            j += step
+        if j != i:
+            break  # the first direction that improves is the slope; the other side is worse
     best = max(runs.values(), key=lambda r: r.throughput)
-    logger.debug("%s %s %s %d GPUs: tried %s", system, model, task, gpus, sorted(runs))
+    logger.debug("%s %s %s %d GPUs: tried %s (start %.0f)", system, model, task, gpus, sorted(runs), here)
     return SearchResult(best, {k: v.throughput for k, v in sorted(runs.items())})

@@ -1,7 +1,7 @@
 """AReaL: continuous generation, interrupted at every weight update.
 
-Prompt groups go to rollouts round-robin whenever the outstanding bound has room, so no rollout
-waits for a tail. At each publication the trainer broadcasts GPU-to-GPU to every rollout; every
+Each rollout is kept topped up to ``target_groups`` groups in flight (a new group as soon as one
+group's worth of its trajectories has finished), so no rollout waits for a tail. At each publication the trainer broadcasts GPU-to-GPU to every rollout; every
 rollout stops, loads the weights and re-prefills the cache of every trajectory in flight, which
 then continues with the new weights (trajectories mix versions). Staleness is unbounded, as in the
 paper's throughput runs, and measured from a trajectory's first token.
@@ -19,28 +19,28 @@ class AReaL(AsyncBase):
         super().__init__(setup)
         lay = setup.layout
         self.bcast = g2g_broadcast(self.model, lay.tp, lay.rollouts, self.p)
-        self._rr = 0
         self.mixed = 0
         self.done_trajectories = 0
 
     def start(self, t: float) -> None:
-        self.fill(t)
+        for r in self.rollouts:
+            self.fill(r, t)
 
-    def fill(self, t: float) -> None:
+    def fill(self, r, t: float) -> None:
         g = self.p.schedule.group_size
-        n = len(self.rollouts)
-        while self.room() >= g:
-            r = self.rollouts[self._rr % n]
-            self._rr += 1
-            r.submit(self.take(self.next_groups(1), r, t), t)
+        room = self.target_groups * g - (len(r.running) + len(r.waiting) + r.away)
+        if room >= g and self.can_dispatch():
+            r.submit(self.take(self.next_groups(room // g), r, t), t)
 
     def on_budget(self, t: float) -> None:
-        self.fill(t)
+        for r in self.rollouts:
+            self.fill(r, t)
 
     def on_seq_done(self, r, seq, t: float) -> None:
         self.mixed += seq.mixed
         self.done_trajectories += 1
         super().on_seq_done(r, seq, t)
+        self.fill(r, t)
 
     def publish_cost(self, t: float) -> float:
         return self.bcast

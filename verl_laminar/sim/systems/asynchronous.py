@@ -3,12 +3,16 @@
 Dataflow: rollouts finish trajectories -> a group whose 16 responses are all done enters the
 experience buffer (FIFO) -> whenever the trainer is free and the buffer holds a step's worth of
 groups it trains on them -> publishes the new version (a hand-off whose cost the system decides)
--> the system tells rollouts. Dispatch is bounded: at most ``async_outstanding_steps`` steps of
-trajectories are in flight or buffered, the same bound for every asynchronous system.
+-> the system tells rollouts.
+
+Both systems size a rollout's work the same way: ``target`` trajectories, the larger of the
+roofline's memory-bound batch B and the rollout's share of one step, in whole groups. Both pause
+dispatch while the buffer holds ``async_buffer_steps`` steps of finished groups (backpressure).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from verl_laminar.policy.staleness import staleness
@@ -22,8 +26,9 @@ class AsyncBase(Base):
         s = setup.params.schedule
         super().__init__(setup, warmup=s.async_warmup)
         self.batch_groups = s.prompts_per_step
-        self.limit = int(s.async_outstanding_steps * s.prompts_per_step * s.group_size)
-        self.outstanding = 0  # trajectories dispatched and not yet consumed by the trainer
+        self.buffer_cap = max(1, int(s.async_buffer_steps * s.prompts_per_step))  # groups
+        share = s.prompts_per_step * s.group_size / len(self.rollouts)
+        self.target_groups = max(1, math.ceil(max(self.costs.repack_batch, share) / s.group_size))
         self.buffer: deque[Group] = deque()
         self.version = 0
         self.training = False
@@ -62,11 +67,10 @@ class AsyncBase(Base):
     def finish(self):
         raise NotImplementedError
 
-    def room(self) -> int:
-        return self.limit - self.outstanding
+    def can_dispatch(self) -> bool:
+        return len(self.buffer) < self.buffer_cap
 
     def take(self, groups: list[Group], r: Rollout, t: float) -> list[Seq]:
-        self.outstanding += sum(len(g.seqs) for g in groups)
         seqs = [s for g in groups for s in g.seqs]
         for s in seqs:
             s.version = s.first_version = r.version
@@ -90,7 +94,6 @@ class AsyncBase(Base):
             return
         groups = [self.buffer.popleft() for _ in range(self.batch_groups)]
         tokens = sum(g.tokens for g in groups)
-        self.outstanding -= sum(len(g.seqs) for g in groups)
         self.meter.step_tokens.append(tokens)
         self.trainer_idle += t - self._idle_since
         self.training = True

@@ -1,0 +1,190 @@
+"""The typed ``laminar:`` block: defaults agree with enabled.yaml, bad values and unknown keys are named with a fix,
+and the cross-checks against verl's keys catch settings that only break together."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from laminar_testing import REPO, run_py
+from omegaconf import OmegaConf
+
+from verl_laminar.config import LaminarConfig, LaminarConfigError, resolve_replicas, validate_and_migrate
+
+ENABLED = REPO / "verl_laminar" / "config" / "laminar" / "enabled.yaml"
+
+
+def build(**dotted) -> LaminarConfig:
+    """LaminarConfig from dotted overrides of the laminar block, e.g. build(**{"repack.c_max": 0.5})."""
+    node = OmegaConf.create({})
+    for key, value in dotted.items():
+        OmegaConf.update(node, key, value, force_add=True)
+    return LaminarConfig.from_omegaconf(node)
+
+
+def test_defaults_match_enabled_yaml():
+    block = OmegaConf.load(ENABLED).laminar
+    assert LaminarConfig.from_omegaconf(block) == LaminarConfig() == LaminarConfig.from_omegaconf(None)
+    lam = LaminarConfig()
+    assert (lam.repack.c_max, lam.repack.interval_s, lam.repack.max_batch_b) == (0.99, 5.0, None)
+    assert lam.buffer.max_staleness is None and lam.refresh.policy == "on_batch_end"
+    assert lam.off_policy.correction == "clipped_token_ratio" and lam.relay.keep_versions == 2
+
+
+def test_every_yaml_key_has_a_comment_above_it():
+    """Every key of the laminar block and every value set elsewhere; bare path headers (trainer:, v1:) excepted."""
+    lines = ENABLED.read_text().splitlines()
+    start = lines.index("laminar:")
+    checked, uncommented = 0, []
+    for i, line in enumerate(lines):
+        key = re.match(r"^\s*([A-Za-z_]\w*):\s*(\S*)", line)
+        if key and (i >= start or key.group(2)):
+            checked += 1
+            above = next(p.strip() for p in reversed(lines[:i]) if p.strip())
+            if not above.startswith("#"):
+                uncommented.append(key.group(1))
+    assert uncommented == [] and checked >= 30
+
+
+BAD_VALUES = [
+    ({"repack.c_max": 1.5}, "laminar.repack.c_max=1.5: must be in (0, 1]; the paper uses 0.99"),
+    ({"repack.c_max": 0}, "laminar.repack.c_max=0.0: must be in (0, 1]"),
+    ({"repack.interval_s": 0}, "laminar.repack.interval_s=0.0: must be > 0 seconds"),
+    ({"repack.max_batch_b": 0}, "laminar.repack.max_batch_b=0: must be null (derived from the roofline"),
+    ({"repack.enabled": "yes"}, "laminar.repack.enabled='yes': must be of type bool, got str"),
+    ({"replicas": 0}, "laminar.replicas=0: must be null (derived from actor_rollout_ref.rollout"),
+    ({"replicas": 2.5}, "laminar.replicas=2.5: must be of type int, got float"),
+    ({"replicas": True}, "laminar.replicas=True: must be of type int, got bool"),
+    ({"refresh.policy": "every_step"}, "laminar.refresh.policy='every_step': must be one of 'on_batch_end'"),
+    ({"off_policy.correction": "tis"}, "must be one of 'clipped_token_ratio', 'verl_rollout_correction'"),
+    ({"relay.transport": "rdma"}, "laminar.relay.transport='rdma': must be one of 'tcp'"),
+    ({"relay.keep_versions": 0}, "laminar.relay.keep_versions=0: must be >= 1"),
+    ({"relay.chunk_mb": -1}, "laminar.relay.chunk_mb=-1.0: must be null (chunk count from the broadcast"),
+    ({"pool.flush_tokens": 0}, "laminar.pool.flush_tokens=0: must be an integer >= 1"),
+    ({"pool.flush_interval_s": 0}, "laminar.pool.flush_interval_s=0.0: must be > 0 seconds"),
+    ({"heartbeat.interval_s": -1}, "laminar.heartbeat.interval_s=-1.0: must be > 0 seconds"),
+    ({"heartbeat.dead_after_s": 0.5}, "laminar.heartbeat.dead_after_s=0.5: must be greater than laminar.heartbeat.interval_s=1.0"),
+    ({"buffer.max_staleness": -1}, "laminar.buffer.max_staleness=-1: must be null (unbounded"),
+    ({"metrics.staleness_histogram": 1}, "laminar.metrics.staleness_histogram=1: must be of type bool, got int"),
+    ({"repack": "fast"}, "laminar.repack='fast': must be a mapping of options"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_VALUES, ids=[next(iter(o)) + f"={v}" for o, _ in BAD_VALUES for v in o.values()])
+def test_bad_values_name_key_value_and_fix(overrides, message):
+    with pytest.raises(LaminarConfigError) as err:
+        build(**overrides)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, unknown, valid",
+    [
+        ({"repak.enabled": False}, "laminar.repak", "replicas, dispatch, refresh, buffer, repack, relay, pool"),
+        ({"repack.cmax": 0.5}, "laminar.repack.cmax", "enabled, interval_s, c_max, max_batch_b"),
+        ({"relay.chunks": 8, "relay.mb": 1}, "laminar.relay.chunks, laminar.relay.mb", "transport, chunk_mb, keep_versions"),
+    ],
+)
+def test_unknown_keys_are_rejected_with_the_valid_ones(overrides, unknown, valid):
+    with pytest.raises(LaminarConfigError) as err:
+        build(**overrides)
+    assert f"unknown key(s) {unknown};" in str(err.value) and valid in str(err.value)
+
+
+def test_values_are_converted_resolved_and_frozen():
+    node = OmegaConf.create({"step": 7, "laminar": {"repack": {"interval_s": "${step}"}, "replicas": 3}})
+    lam = LaminarConfig.from_omegaconf(node.laminar)
+    assert lam.repack.interval_s == 7.0 and isinstance(lam.repack.interval_s, float) and lam.replicas == 3
+    assert lam.repack.c_max == 0.99  # untouched keys keep their defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lam.repack.c_max = 0.5  # type: ignore[misc]
+
+
+def test_config_imports_no_gpu_stack():
+    code = (
+        "import sys, verl_laminar.config, hydra_plugins.verl_laminar_searchpath\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'vllm', 'verl') if m in sys.modules)\n"
+        "assert heavy == [], heavy\n"
+    )
+    proc = run_py(code, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def verl_like(**dotted) -> OmegaConf:
+    """The keys of verl's config that the cross-checks read, as +laminar=enabled composes them."""
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "n": 4,
+                    "nnodes": 0,
+                    "n_gpus_per_node": 8,
+                    "tensor_model_parallel_size": 2,
+                    "data_parallel_size": 1,
+                    "pipeline_model_parallel_size": 1,
+                    "calculate_log_probs": True,
+                    "checkpoint_engine": {"backend": "laminar", "custom_backend_module": "verl_laminar.relay.verl_backend"},
+                }
+            },
+            "algorithm": {"rollout_correction": {"rollout_is": None, "rollout_rs": None, "bypass_mode": True, "loss_type": "ppo_clip"}},
+            "laminar": OmegaConf.load(ENABLED).laminar,
+        }
+    )
+    OmegaConf.update(cfg, "laminar.replicas", 4)
+    for key, value in dotted.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+def test_validate_and_migrate_accepts_the_enabled_defaults():
+    lam = validate_and_migrate(verl_like())
+    assert lam == dataclasses.replace(LaminarConfig(), replicas=4)
+
+
+CROSS_CHECKS = [
+    ({"actor_rollout_ref.rollout.checkpoint_engine.backend": "naive"}, "checkpoint_engine.backend='naive': Laminar publishes weights through its relays"),
+    ({"laminar.dispatch.group_size_from_rollout_n": False}, "group_size_from_rollout_n=False with actor_rollout_ref.rollout.n=4"),
+    ({"actor_rollout_ref.rollout.calculate_log_probs": False}, "set actor_rollout_ref.rollout.calculate_log_probs=true"),
+    ({"algorithm.rollout_correction.bypass_mode": False}, "'clipped_token_ratio' needs algorithm.rollout_correction.bypass_mode=true"),
+    ({"algorithm.rollout_correction.loss_type": "reinforce"}, "got bypass_mode=True, loss_type='reinforce'"),
+    ({"algorithm.rollout_correction.rollout_is": "token"}, "set laminar.off_policy.correction=verl_rollout_correction to use them"),
+    (
+        {"laminar.off_policy.correction": "verl_rollout_correction", "algorithm.rollout_correction.bypass_mode": False},
+        "algorithm.rollout_correction enables nothing",
+    ),
+    ({"laminar.replicas": None}, "laminar.replicas=None: cannot derive the replica count"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", CROSS_CHECKS, ids=[next(iter(o)).rsplit(".", 1)[-1] for o, _ in CROSS_CHECKS])
+def test_cross_checks_with_verl_keys(overrides, message):
+    with pytest.raises(LaminarConfigError) as err:
+        validate_and_migrate(verl_like(**overrides))
+    assert message in str(err.value)
+
+
+def test_verl_rollout_correction_with_importance_sampling_is_accepted():
+    cfg = verl_like(
+        **{
+            "laminar.off_policy.correction": "verl_rollout_correction",
+            "algorithm.rollout_correction.bypass_mode": False,
+            "algorithm.rollout_correction.rollout_is": "token",
+        }
+    )
+    assert validate_and_migrate(cfg).off_policy.correction == "verl_rollout_correction"
+
+
+def test_replicas_derived_from_rollout_resources():
+    # 2 nodes x 8 devices, tensor parallel 2 -> 8 replicas
+    cfg = verl_like(**{"laminar.replicas": None, "actor_rollout_ref.rollout.nnodes": 2})
+    assert resolve_replicas(cfg, LaminarConfig()) == 8
+    assert validate_and_migrate(cfg).replicas == 8
+    assert resolve_replicas(cfg, LaminarConfig(replicas=3)) == 3  # an explicit count wins
+
+
+def test_missing_laminar_block_says_how_to_enable_it():
+    cfg = verl_like()
+    del cfg["laminar"]
+    with pytest.raises(LaminarConfigError, match=r"add \+laminar=enabled"):
+        validate_and_migrate(cfg)

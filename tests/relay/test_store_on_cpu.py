@@ -1,0 +1,97 @@
+"""Relay store: versions become readable only complete and verified; newest + previous kept."""
+
+import os
+
+import pytest
+
+from verl_laminar.relay.manifest import VersionManifest, crc32
+from verl_laminar.relay.store import RelayStore, StoreReader, TornTransferError, VersionGoneError
+
+
+def _fill(store, version, data, chunks=4, corrupt=None, skip=None):
+    m = VersionManifest(version=version, total_bytes=len(data), chunk_size=len(data)).with_chunks(chunks)
+    st = store.begin(m)
+    for i in range(m.num_chunks):
+        if i == skip:
+            continue
+        off, n = m.chunk_span(i)
+        want = crc32(data[off : off + n])
+        payload = bytearray(data[off : off + n])
+        if i == corrupt:
+            payload[0] ^= 0xFF
+        st.chunk(i)[:] = payload
+        st.verify(i, want)
+    return st
+
+
+def test_commit_makes_version_readable(tmp_path):
+    store = RelayStore(str(tmp_path / "s"))
+    data = os.urandom(10_000)
+    st = _fill(store, 3, data)
+    assert StoreReader(store.root).versions() == []  # staging is never readable
+    store.commit(st)
+    m, view = StoreReader(store.root).open()
+    assert m.version == 3 and bytes(view) == data and len(m.checksums) == m.num_chunks
+
+
+def test_corrupt_chunk_is_rejected_and_previous_stays(tmp_path):
+    store = RelayStore(str(tmp_path / "s"))
+    good = os.urandom(4096)
+    store.commit(_fill(store, 1, good))
+    with pytest.raises(TornTransferError, match="chunk 2"):
+        _fill(store, 2, os.urandom(4096), corrupt=2)
+    assert store.versions() == [1]
+    assert bytes(StoreReader(store.root).open()[1]) == good
+
+
+def test_incomplete_version_cannot_commit(tmp_path):
+    store = RelayStore(str(tmp_path / "s"))
+    st = _fill(store, 1, os.urandom(4096), skip=1)
+    with pytest.raises(TornTransferError, match=r"chunks \[1\]"):
+        store.commit(st)
+    store.abort(st)
+    assert store.versions() == [] and not [f for f in os.listdir(store.root) if f.startswith("staging")]
+
+
+def test_keeps_newest_and_previous_and_old_mappings_survive(tmp_path):
+    store = RelayStore(str(tmp_path / "s"))
+    blobs = {v: os.urandom(2048) for v in (1, 2, 3)}
+    store.commit(_fill(store, 1, blobs[1]))
+    _, old_view = StoreReader(store.root).open(1)
+    store.commit(_fill(store, 2, blobs[2]))
+    store.commit(_fill(store, 3, blobs[3]))
+    assert store.versions() == [2, 3] and StoreReader(store.root).versions() == [2, 3]
+    assert bytes(old_view) == blobs[1]  # a reader mid-load keeps its evicted version
+    with pytest.raises(VersionGoneError):
+        StoreReader(store.root).open(1)
+
+
+def test_restart_recovers_complete_versions_and_drops_torn(tmp_path):
+    root = str(tmp_path / "s")
+    store = RelayStore(root)
+    store.commit(_fill(store, 5, os.urandom(1000)))
+    _fill(store, 6, os.urandom(1000), skip=0)  # torn: the relay dies here
+    again = RelayStore(root)
+    assert again.versions() == [5]
+    assert not [f for f in os.listdir(root) if f.startswith("staging")]
+
+
+def test_spare_buffer_becomes_staging(tmp_path):
+    store = RelayStore(str(tmp_path / "s"))
+    spare = store.preallocate(8192)
+    assert store.preallocate(8192) == spare  # idempotent
+    with open(spare, "r+b") as f:
+        f.write(b"x" * 5000)
+    m = VersionManifest(version=1, total_bytes=5000, chunk_size=5000)
+    st = store.begin(m, spare=spare)
+    st.verify(0)
+    store.commit(st)
+    assert bytes(StoreReader(store.root).open(1)[1]) == b"x" * 5000
+    with pytest.raises(VersionGoneError, match="prepare_publish"):
+        store.begin(m, spare=spare)
+
+
+def test_manifest_roundtrip_and_chunks():
+    m = VersionManifest(version=7, total_bytes=1000, chunk_size=1000).with_chunks(3)
+    assert m.num_chunks == 3 and m.chunk_span(2) == (2 * m.chunk_size, 1000 - 2 * m.chunk_size)
+    assert VersionManifest.from_json(m.to_json()) == m

@@ -1,0 +1,1 @@
+"""Experience storage between rollouts and the trainer."""

@@ -1,0 +1,219 @@
+"""Typed, validated view of the ``laminar:`` block that ``+laminar=enabled`` adds to verl's config.
+
+The YAML (``verl_laminar/config/laminar/enabled.yaml``) documents every key; these frozen dataclasses mirror it
+one to one, with the same defaults, so that code below the trainer works on plain values instead of an
+OmegaConf node. Everything here imports only the standard library and omegaconf: the policies, the simulator and
+the tests use it without torch, ray, vLLM or verl.
+
+Every error names the full key, the bad value and what to do instead, because a user meets these messages at
+start-up of a cluster job, far from this code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+ROOT = "laminar"
+
+
+class LaminarConfigError(ValueError):
+    """An invalid ``laminar.*`` (or related verl) setting; the message names the key, the value and the fix."""
+
+
+def _fail(key: str, value: Any, requirement: str) -> None:
+    raise LaminarConfigError(f"{key}={value!r}: {requirement}")
+
+
+class _Section:
+    """Base of every section: knows its dotted path and checks ranges after construction."""
+
+    PATH: ClassVar[str] = ROOT
+
+    def _key(self, name: str) -> str:
+        return f"{self.PATH}.{name}"
+
+    def _require(self, name: str, ok: bool, requirement: str) -> None:
+        if not ok:
+            _fail(self._key(name), getattr(self, name), requirement)
+
+
+@dataclass(frozen=True)
+class DispatchConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.dispatch"
+    group_size_from_rollout_n: bool = True
+
+
+@dataclass(frozen=True)
+class RefreshConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.refresh"
+    policy: Literal["on_batch_end"] = "on_batch_end"
+
+
+@dataclass(frozen=True)
+class BufferConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.buffer"
+    max_staleness: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self._require(
+            "max_staleness",
+            self.max_staleness is None or self.max_staleness >= 0,
+            "must be null (unbounded, as the paper: staleness is measured, not bounded) or an integer >= 0",
+        )
+
+
+@dataclass(frozen=True)
+class RepackConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.repack"
+    enabled: bool = True
+    interval_s: float = 5.0
+    c_max: float = 0.99
+    max_batch_b: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self._require("interval_s", self.interval_s > 0, "must be > 0 seconds; the paper repacks every 5.0 s")
+        self._require("c_max", 0 < self.c_max <= 1, "must be in (0, 1]; the paper uses 0.99")
+        self._require(
+            "max_batch_b",
+            self.max_batch_b is None or self.max_batch_b >= 1,
+            "must be null (derived from the roofline model) or an integer >= 1",
+        )
+
+
+@dataclass(frozen=True)
+class RelayConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.relay"
+    transport: Literal["tcp"] = "tcp"
+    chunk_mb: Optional[float] = None
+    keep_versions: int = 2
+
+    def __post_init__(self) -> None:
+        self._require(
+            "chunk_mb",
+            self.chunk_mb is None or self.chunk_mb > 0,
+            "must be null (chunk count from the broadcast cost model) or a size in MiB > 0",
+        )
+        self._require(
+            "keep_versions",
+            self.keep_versions >= 1,
+            "must be >= 1 (the newest version); 2 lets a rollout finish loading version n while n+1 arrives",
+        )
+
+
+@dataclass(frozen=True)
+class PoolConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.pool"
+    enabled: bool = True
+    flush_tokens: int = 64
+    flush_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        self._require("flush_tokens", self.flush_tokens >= 1, "must be an integer >= 1 (tokens per flush), e.g. 64")
+        self._require("flush_interval_s", self.flush_interval_s > 0, "must be > 0 seconds, e.g. 1.0")
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.heartbeat"
+    interval_s: float = 1.0
+    dead_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        self._require("interval_s", self.interval_s > 0, "must be > 0 seconds, e.g. 1.0")
+        self._require(
+            "dead_after_s",
+            self.dead_after_s > self.interval_s,
+            f"must be greater than {self._key('interval_s')}={self.interval_s!r}, or every rollout is declared "
+            "dead between two heartbeats; use a few intervals, e.g. 5.0",
+        )
+
+
+@dataclass(frozen=True)
+class MetricsConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.metrics"
+    staleness_histogram: bool = True
+
+
+OffPolicyCorrection = Literal["clipped_token_ratio", "verl_rollout_correction"]
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.off_policy"
+    correction: OffPolicyCorrection = "clipped_token_ratio"
+
+
+@dataclass(frozen=True)
+class LaminarConfig(_Section):
+    PATH: ClassVar[str] = ROOT
+    replicas: Optional[int] = None
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    refresh: RefreshConfig = field(default_factory=RefreshConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    repack: RepackConfig = field(default_factory=RepackConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+
+    def __post_init__(self) -> None:
+        self._require(
+            "replicas",
+            self.replicas is None or self.replicas >= 1,
+            "must be null (derived from actor_rollout_ref.rollout resources) or an integer >= 1",
+        )
+
+    @classmethod
+    def from_omegaconf(cls, node: DictConfig | Mapping[str, Any] | None) -> "LaminarConfig":
+        """Build from ``cfg.laminar`` (interpolations resolved); missing keys take the defaults above."""
+        if node is None:
+            return cls()
+        if isinstance(node, DictConfig):
+            node = OmegaConf.to_container(node, resolve=True)
+        return _build(cls, node, ROOT)
+
+
+def _build(cls: type, node: Any, path: str) -> Any:
+    """Construct dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type."""
+    if not isinstance(node, Mapping):
+        _fail(path, node, "must be a mapping of options (see verl_laminar/config/laminar/enabled.yaml)")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(node) - set(fields))
+    if unknown:
+        bad = ", ".join(f"{path}.{k}" for k in unknown)
+        raise LaminarConfigError(f"unknown key(s) {bad}; valid keys of {path}: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {name: _coerce(hints[name], node[name], f"{path}.{name}") for name in fields if name in node}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``hint``; ints are accepted (and converted) where floats are."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if origin is Literal:
+        if value not in args:
+            _fail(key, value, f"must be one of {', '.join(map(repr, args))}")
+        return value
+    # bool is a subclass of int: keep `true` out of numeric fields and 1 out of boolean ones.
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, str):
+        return value
+    _fail(key, value, f"must be of type {hint.__name__}, got {type(value).__name__}")

@@ -1,0 +1,129 @@
+"""Every metric verl_laminar logs, by name, under the ``laminar/`` prefix.
+
+One module so that dashboards, tests and the benchmarks agree on the spelling. Values go to verl's
+tracker (``Tracking.log(data, step)``: console, wandb, tensorboard), which takes a flat
+``dict[str, float]``; ``snapshot_to_metrics`` builds one from an ``AccountingSnapshot``.
+
+Pure: importable without ray/torch/vllm/verl.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from verl_laminar.policy.accounting import AccountingSnapshot
+
+PREFIX = "laminar/"
+
+# staleness n - j of the trajectories trained in this step (paper: typically < 3, max 4)
+STALENESS_MEAN = "laminar/staleness/mean"
+STALENESS_P50 = "laminar/staleness/p50"
+STALENESS_P90 = "laminar/staleness/p90"
+STALENESS_MAX = "laminar/staleness/max"
+STALENESS_MAX_ALL = "laminar/staleness/max_all"  # over the whole run
+STALENESS_COUNT = "laminar/staleness/count"
+STALENESS_HIST_PREFIX = "laminar/staleness/hist_"  # + k: trajectories with staleness k in this step
+
+# throughput as the paper defines it: tokens of a step / time between two publications
+THROUGHPUT = "laminar/throughput_tokens_per_s"
+STEP_TOKENS = "laminar/step_tokens"
+PUBLISH_INTERVAL = "laminar/publish_interval_s"
+
+# waits (invariant 3: neither side should wait on the other)
+TRAINER_WAIT = "laminar/trainer/wait_for_data_s"
+ROLLOUT_WAIT = "laminar/rollout/wait_for_weights_s"
+
+# replicas: the version each serves, and how far apart they are
+REPLICA_VERSION_TEMPLATE = "laminar/replica/{}/version"
+REPLICA_VERSION_SPREAD = "laminar/replica/version_spread"
+
+# trajectory counts (ledger) and the experience buffer
+TRAJECTORIES_IN_FLIGHT = "laminar/trajectories/in_flight"
+TRAJECTORIES_FINISHED = "laminar/trajectories/finished"
+TRAJECTORIES_TRAINED = "laminar/trajectories/trained"
+TRAJECTORIES_DISCARDED = "laminar/trajectories/discarded"
+BUFFER_READY_GROUPS = "laminar/buffer/ready_groups"
+BUFFER_PARTIAL_GROUPS = "laminar/buffer/partial_groups"
+BUFFER_DUPLICATES = "laminar/buffer/duplicates"
+BUFFER_DISCARDED_GROUPS = "laminar/buffer/discarded_groups"
+
+# relay weight service (written by verl_laminar.relay.verl_backend.RelayCheckpointEngine.send_weights)
+RELAY_PUBLISH_S = "laminar/relay/publish_s"
+RELAY_VERSION = "laminar/relay/version"
+
+# repack scheduler
+REPACK_MIGRATIONS = "laminar/repack/migrations"
+REPACK_EMPTIED = "laminar/repack/emptied"
+REPACK_SECONDS = "laminar/repack/seconds"
+REPACK_KV_USE_BEFORE = "laminar/repack/kv_use_before"
+REPACK_KV_USE_AFTER = "laminar/repack/kv_use_after"
+
+_COUNT_NAMES = {
+    "in_flight": TRAJECTORIES_IN_FLIGHT,
+    "finished": TRAJECTORIES_FINISHED,
+    "trained": TRAJECTORIES_TRAINED,
+    "discarded": TRAJECTORIES_DISCARDED,
+}
+
+
+def staleness_hist(k: int) -> str:
+    if k < 0:
+        raise ValueError(f"staleness bin {k} must be >= 0")
+    return f"{STALENESS_HIST_PREFIX}{k}"
+
+
+def replica_version(replica_id: int) -> str:
+    return REPLICA_VERSION_TEMPLATE.format(replica_id)
+
+
+def snapshot_to_metrics(snap: AccountingSnapshot) -> dict[str, float]:
+    """Flatten one step's accounting into tracker metrics; absent values (no previous publication) are left out."""
+    s = snap.staleness
+    out: dict[str, float] = {
+        STALENESS_MEAN: float(s.mean), STALENESS_P50: float(s.p50), STALENESS_P90: float(s.p90),
+        STALENESS_MAX: float(s.max), STALENESS_MAX_ALL: float(snap.staleness_max_all),
+        STALENESS_COUNT: float(s.count), STEP_TOKENS: float(snap.step_tokens),
+        TRAINER_WAIT: float(snap.trainer_wait_s), ROLLOUT_WAIT: float(snap.rollout_wait_s),
+    }
+    for k, c in s.hist:
+        out[staleness_hist(k)] = float(c)
+    if snap.tokens_per_s is not None:
+        out[THROUGHPUT] = float(snap.tokens_per_s)
+    if snap.publish_interval_s is not None:
+        out[PUBLISH_INTERVAL] = float(snap.publish_interval_s)
+    for rid, v in snap.replica_versions.items():
+        out[replica_version(rid)] = float(v)
+    if snap.replica_versions:
+        versions = list(snap.replica_versions.values())
+        out[REPLICA_VERSION_SPREAD] = float(max(versions) - min(versions))
+    for key, value in snap.counts.items():
+        name = _COUNT_NAMES.get(key)
+        if name is None:
+            raise KeyError(f"ledger count {key!r} has no metric name; add it to verl_laminar.metrics._COUNT_NAMES")
+        out[name] = float(value)
+    return out
+
+
+def buffer_metrics(ready_groups: int, partial_groups: int, duplicates: int, discarded_groups: int) -> dict[str, float]:
+    return {BUFFER_READY_GROUPS: float(ready_groups), BUFFER_PARTIAL_GROUPS: float(partial_groups),
+            BUFFER_DUPLICATES: float(duplicates), BUFFER_DISCARDED_GROUPS: float(discarded_groups)}
+
+
+def repack_metrics(migrations: int, emptied: int, seconds: float, kv_use_before: Optional[float],
+                   kv_use_after: Optional[float]) -> dict[str, float]:
+    """One repack round; KV use is the mean utilization (0..1) of the candidates before/after."""
+    out = {REPACK_MIGRATIONS: float(migrations), REPACK_EMPTIED: float(emptied), REPACK_SECONDS: float(seconds)}
+    if kv_use_before is not None:
+        out[REPACK_KV_USE_BEFORE] = float(kv_use_before)
+    if kv_use_after is not None:
+        out[REPACK_KV_USE_AFTER] = float(kv_use_after)
+    return out
+
+
+def check_names(metrics: Mapping[str, float]) -> None:
+    """Raise if a metric is outside the ``laminar/`` namespace or not a number (tracker backends drop those)."""
+    for name, value in metrics.items():
+        if not name.startswith(PREFIX):
+            raise ValueError(f"metric {name!r} is outside {PREFIX!r}; define it in verl_laminar.metrics")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"metric {name!r} has value {value!r} of type {type(value).__name__}; log a float")

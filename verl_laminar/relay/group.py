@@ -1,0 +1,213 @@
+"""The relay group: spawns one relay actor per machine, owns the chain plan, replaces dead relays.
+
+Dataflow:
+    spawn(nodes) -> ray.remote(Relay).options(node affinity, CPU only, detached, named) per node
+    plan_chain (pure) -> set_chain on every relay (each relay learns its downstream + all addresses)
+    monitor thread: ping every relay -> a dead one is dropped with rebuild_chain (pure; a new master
+    when the master died) -> set_chain on the survivors. Relays also reroute by themselves the moment
+    a send to their downstream fails, so a broadcast in flight does not wait for the monitor.
+Plain class: wrap it with ``ray.remote(RelayGroup).options(name=..., lifetime="detached")`` at the
+spawn site so trainer and rollout workers find it by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from verl_laminar.policy.chain import (
+    ChainPlan,
+    ChainPlanError,
+    add_relay,
+    fallback_source,
+    plan_chain,
+    rebuild_chain,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GROUP_NAME = "laminar_relay_group"
+
+
+def relay_actor_name(group: str, relay_id: str) -> str:
+    return f"{group}:{relay_id}"
+
+
+def spawn_relay(group: str, relay_id: str, node_id: str, node_ip: str, namespace: Optional[str] = None,
+                num_cpus: float = 0, root: Optional[str] = None) -> Any:
+    """Start a CPU-only relay actor pinned to ``node_id`` (hard affinity), named for lookup."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from verl_laminar.relay.relay import Relay
+
+    return ray.remote(Relay).options(
+        name=relay_actor_name(group, relay_id), namespace=namespace, lifetime="detached",
+        num_cpus=num_cpus, num_gpus=0, max_concurrency=64, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote(relay_id, root=root, host=node_ip, port=0)
+
+
+class RelayGroup:
+    def __init__(self, group: str = DEFAULT_GROUP_NAME, namespace: Optional[str] = None,
+                 ping_timeout_s: float = 0.5, monitor_interval_s: float = 0.25) -> None:
+        self.group, self.namespace = group, namespace
+        self.ping_timeout_s, self.monitor_interval_s = ping_timeout_s, monitor_interval_s
+        self._lock = threading.RLock()
+        self._actors: dict[str, Any] = {}
+        self._nodes: dict[str, str] = {}  # relay id -> node id
+        self._addresses: dict[str, tuple[str, int]] = {}
+        self._roots: dict[str, str] = {}
+        self._plan: Optional[ChainPlan] = None
+        self._events: list[dict] = []
+        self._before_drop: dict[str, ChainPlan] = {}  # a dropped relay -> the last plan it was in
+        self._stop = threading.Event()
+        self._monitor: Optional[threading.Thread] = None
+
+    # ---- membership ----
+    def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: int = 64) -> ChainPlan:
+        """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan."""
+        import ray
+
+        handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace) for rid, (nid, ip) in nodes.items()}
+        infos = ray.get([h.info.remote() for h in handles.values()])
+        with self._lock:
+            for (rid, h), info in zip(handles.items(), infos):
+                self._actors[rid], self._nodes[rid] = h, nodes[rid][0]
+                self._addresses[rid], self._roots[rid] = tuple(info["address"]), info["root"]
+            plan = plan_chain(self._actors, master=master)
+            self._plan = ChainPlan(relays=plan.relays, chunks=chunks)
+        self._broadcast_plan()
+        return self._plan
+
+    def adopt(self, relay_id: str, node_id: str, handle: Any) -> None:
+        """Add an already running relay (e.g. a restarted one) at the tail of the chain."""
+        import ray
+
+        info = ray.get(handle.info.remote())
+        with self._lock:
+            self._actors[relay_id], self._nodes[relay_id] = handle, node_id
+            self._addresses[relay_id], self._roots[relay_id] = tuple(info["address"]), info["root"]
+            self._plan = add_relay(self._plan, relay_id) if self._plan else plan_chain([relay_id])
+        self._broadcast_plan()
+
+    def _broadcast_plan(self) -> None:
+        import ray
+
+        with self._lock:
+            plan, addrs, actors = self._plan, dict(self._addresses), dict(self._actors)
+        refs = [actors[r].set_chain.remote(plan, addrs) for r in plan.relays if r in actors]
+        ray.wait(refs, num_returns=len(refs), timeout=self.ping_timeout_s * 4)
+
+    # ---- queries (what engines and rollouts ask) ----
+    def plan(self) -> Optional[ChainPlan]:
+        return self._plan
+
+    def addresses(self) -> dict[str, tuple[str, int]]:
+        with self._lock:
+            return dict(self._addresses)
+
+    def master(self) -> str:
+        if self._plan is None:
+            raise ChainPlanError("no relays spawned yet; call RelayGroup.spawn first")
+        return self._plan.master
+
+    def relay_on_node(self, node_id: str) -> Optional[str]:
+        with self._lock:
+            live = set(self._plan.relays) if self._plan else set()
+            return next((r for r, n in self._nodes.items() if n == node_id and r in live), None)
+
+    def actor_name(self, relay_id: str) -> str:
+        return relay_actor_name(self.group, relay_id)
+
+    def root(self, relay_id: str) -> str:
+        return self._roots[relay_id]
+
+    def fallback_for(self, relay_id: str) -> tuple[str, tuple[str, int]]:
+        """Where rollouts on ``relay_id``'s machine pull while that relay is gone: (relay id, address)."""
+        with self._lock:
+            old = self._before_drop.get(relay_id, self._plan)
+            alive = [r for r in self._plan.relays if r != relay_id]
+            src = fallback_source(old, relay_id, alive)
+            return src, self._addresses[src]
+
+    def events(self) -> list[dict]:
+        with self._lock:
+            return list(self._events)
+
+    # ---- failure handling ----
+    def check(self) -> list[str]:
+        """Ping every relay in the chain; drop the dead ones and push the rebuilt plan. Returns the dropped."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        with self._lock:
+            if self._plan is None:
+                return []
+            members = [(r, self._actors[r]) for r in self._plan.relays]
+        t0 = time.time()
+        refs = {r: h.ping.remote() for r, h in members}
+        dead = []
+        for r, ref in refs.items():
+            try:
+                ray.get(ref, timeout=max(0.05, self.ping_timeout_s - (time.time() - t0)))
+            except (RayActorError, GetTimeoutError):
+                dead.append(r)
+        if dead:
+            with self._lock:
+                gone = [r for r in dead if r in self._plan.relays]
+                if len(gone) == len(self._plan.relays):
+                    logger.error("relay group %s: every relay is gone; nothing to rebuild", self.group)
+                    return gone
+                old = self._plan
+                self._plan = rebuild_chain(old, gone)
+                self._before_drop.update({r: old for r in gone})
+                self._events.append({"event": "chain_rebuilt", "dropped": gone, "t_detect": time.time(),
+                                     "master_changed": old.master != self._plan.master,
+                                     "chain": list(self._plan.relays)})
+            self._broadcast_plan()
+            with self._lock:
+                self._events[-1]["t_rebuilt"] = time.time()
+            logger.warning("relay group %s dropped %s; chain now %s", self.group, dead, self._plan.relays)
+        return dead
+
+    def start_monitor(self) -> None:
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._monitor_loop, name="relay-group-monitor", daemon=True)
+            self._monitor.start()
+
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.monitor_interval_s):
+            self.check()
+
+    def shutdown(self, destroy: bool = True) -> None:
+        """Stop the monitor and every relay (their stores removed when ``destroy``)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._stop.set()
+        with self._lock:
+            actors, nodes, roots = dict(self._actors), dict(self._nodes), dict(self._roots)
+            self._actors.clear()
+        leftovers = []
+        for rid, h in actors.items():
+            try:
+                ray.get(h.close.remote(destroy), timeout=5)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                leftovers.append(rid)  # a dead relay's files stay on its machine: remove them there
+            ray.kill(h)
+        if destroy and leftovers:
+            refs = [ray.remote(_remove_store).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[r], soft=True)
+            ).remote(roots[r]) for r in leftovers]
+            ray.wait(refs, num_returns=len(refs), timeout=10)
+
+
+def _remove_store(root: str) -> None:
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)

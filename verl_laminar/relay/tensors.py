@@ -1,0 +1,117 @@
+"""Named tensors <-> one version buffer (torch side of the relay service).
+
+Publisher side: ``publish_tensors`` lays the trainer's ``(name, tensor)`` stream out at aligned
+offsets and copies every tensor straight into the master relay's pre-mapped host memory (from GPU
+that is one device-to-host copy; nothing goes through an intermediate CPU tensor). Reader side:
+``read_tensors`` turns a mapped version back into zero-copy tensors (``torch.frombuffer``).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from verl_laminar.relay.manifest import TensorEntry, VersionManifest, align_up
+from verl_laminar.relay.publish import Publisher
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def to_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {name!r} in a relay manifest; expected a torch dtype name")
+    return dt
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _entry(name: str, t: torch.Tensor, offset: int, rank: Optional[int] = None) -> TensorEntry:
+    return TensorEntry(name=name, dtype=dtype_name(t.dtype), shape=tuple(t.shape), offset=offset,
+                       nbytes=t.numel() * t.element_size(), rank=rank)
+
+
+def layout(named: Iterable[tuple[str, torch.Tensor]], ranks: Optional[Iterable[Optional[int]]] = None
+           ) -> tuple[list[TensorEntry], int]:
+    """Aligned offsets for ``named`` tensors, in order; returns (entries, total bytes)."""
+    entries, off = [], 0
+    ranks = iter(ranks) if ranks is not None else None
+    for name, t in named:
+        e = _entry(name, t, off, next(ranks) if ranks is not None else None)
+        entries.append(e)
+        off = align_up(off + e.nbytes)
+    return entries, off
+
+
+class VersionWriter:
+    """Accumulates one version tensor by tensor, straight into the publisher's warm buffer if any."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+        self.t0 = time.perf_counter()
+        self._warm = publisher.warm_buffer()
+        self._target = torch.frombuffer(self._warm, dtype=torch.uint8) if self._warm is not None else None
+        self.entries: list[TensorEntry] = []
+        self._parts: list[tuple[int, torch.Tensor]] = []  # host copies of what did not fit the warm buffer
+        self._first_spill: Optional[int] = None
+        self._off = 0
+
+    def add(self, name: str, t: torch.Tensor, rank: Optional[int] = None) -> None:
+        e = _entry(name, t, self._off, rank)
+        fits = self._target is not None and self._first_spill is None and e.offset + e.nbytes <= len(self._target)
+        if fits:
+            self._target[e.offset : e.offset + e.nbytes].copy_(_bytes_of(t))
+        else:
+            if self._first_spill is None:
+                self._first_spill = e.offset
+            self._parts.append((e.offset, _bytes_of(t).cpu()))
+        self.entries.append(e)
+        self._off = align_up(self._off + e.nbytes)
+
+    def publish(self, version: int, tp_size: int = 1) -> float:
+        """Hand the version to the master relay; returns the stall since this writer was created (s)."""
+        self._target = None  # release our export of the mapping before the publisher unmaps it
+        if self._first_spill is None and self._warm is not None:
+            self.publisher.publish_written(version, self._off, tuple(self.entries), tp_size)
+        else:
+            head = bytes(memoryview(self._warm)[: self._first_spill]) if self._warm is not None else b""
+            parts = ([(0, head)] if head else []) + [(off, b.numpy()) for off, b in self._parts]
+            self.publisher.publish_parts(version, self._off, parts, tuple(self.entries), tp_size)
+        return time.perf_counter() - self.t0
+
+
+def publish_tensors(
+    publisher: Publisher,
+    version: int,
+    named: Iterable[tuple[str, torch.Tensor]],
+    tp_size: int = 1,
+    ranks: Optional[list[Optional[int]]] = None,
+) -> float:
+    """Publish ``named`` tensors as ``version``; returns the publisher's stall (s).
+
+    With a warm buffer of the right size the tensors are copied in as they arrive; otherwise they
+    are gathered on the host first (the first publish; later ones reuse the size).
+    """
+    w = VersionWriter(publisher)
+    for i, (name, t) in enumerate(named):
+        w.add(name, t, ranks[i] if ranks else None)
+    return w.publish(version, tp_size)
+
+
+def read_tensors(manifest: VersionManifest, view: memoryview, rank: Optional[int] = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Zero-copy ``(name, tensor)`` pairs of a mapped version (only ``rank``'s when given)."""
+    entries = manifest.tensors if rank is None else manifest.for_rank(rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only mapping: we never write through it
+        base = torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
+    for e in entries:
+        t = base[e.offset : e.offset + e.nbytes].view(to_dtype(e.dtype)).reshape(e.shape)
+        yield e.name, t

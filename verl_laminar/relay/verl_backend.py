@@ -1,0 +1,164 @@
+"""verl checkpoint-engine backend ``laminar``: weights travel through the relay group.
+
+Dataflow:
+    trainer rank 0: send_weights(named tensors) -> VersionWriter -> the master relay's host memory
+                    (on this machine) -> returns; the chain broadcast runs in the background
+    other ranks:    iterate the generator (FSDP gathers are collective) and drop the tensors
+    rollout worker: receive_weights / get_weights -> this machine's relay (mmap, zero copy) or,
+                    when it is gone, a pull from its upstream neighbour
+Select with ``actor_rollout_ref.rollout.checkpoint_engine.backend=laminar`` and
+``...checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend``; options go in
+``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Generator, Optional
+
+import torch
+from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
+from verl.workers.rollout.utils import ensure_async_iterator
+
+from verl_laminar.relay.client import pull
+from verl_laminar.relay.group import DEFAULT_GROUP_NAME
+from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.publish import Publisher, RayHandle
+from verl_laminar.relay.store import StoreReader, VersionGoneError
+from verl_laminar.relay.tensors import VersionWriter, read_tensors
+
+logger = logging.getLogger(__name__)
+
+BACKEND = "laminar"
+
+
+class RelayUnavailableError(RuntimeError):
+    """No relay group or no relay for this machine (the message names the group and the fix)."""
+
+
+class RelayCheckpointEngine(CheckpointEngineWithCache):
+    def __init__(self, bucket_size: int = 0, is_master: bool = False, group_name: str = DEFAULT_GROUP_NAME,
+                 namespace: Optional[str] = None, timeout_s: float = 60.0, relay_id: Optional[str] = None,
+                 **_: Any) -> None:
+        self.bucket_size = bucket_size
+        self.is_master = is_master
+        self.group_name, self.namespace, self.timeout_s = group_name, namespace, timeout_s
+        self.relay_id = relay_id  # None: the relay on this worker's node
+        self._publisher: Optional[Publisher] = None
+        self._last_version = -1
+        self.served_version: Optional[int] = None  # the version the last receive/get returned
+
+    # ---- verl's topology protocol: relays need no process group ----
+    def prepare(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
+        return {}, {}
+
+    def init_process_group(self, **kwargs: Any) -> None:
+        return None
+
+    def finalize(self) -> None:
+        return None
+
+    # ---- lookups ----
+    def _group(self):
+        import ray
+
+        try:
+            return ray.get_actor(self.group_name, namespace=self.namespace)
+        except ValueError as e:
+            raise RelayUnavailableError(
+                f"relay group {self.group_name!r} is not running; start it (RelayGroup.spawn) before "
+                "selecting checkpoint_engine.backend=laminar") from e
+
+    def _call(self, ref):
+        import ray
+
+        return ray.get(ref, timeout=self.timeout_s)
+
+    def _local_relay(self) -> tuple[str, Any]:
+        """This machine's relay (found once, then remembered so a dead one is noticed, not replaced)."""
+        import ray
+
+        group = self._group()
+        if self.relay_id is None:
+            node = ray.get_runtime_context().get_node_id()
+            self.relay_id = self._call(group.relay_on_node.remote(node))
+            if self.relay_id is None:
+                raise RelayUnavailableError(f"no live relay on node {node} in group {self.group_name!r}")
+        name = self._call(group.actor_name.remote(self.relay_id))
+        try:
+            return self.relay_id, ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return self.relay_id, None  # killed: the caller falls back
+
+    # ---- trainer side ----
+    def _get_publisher(self) -> Publisher:
+        if self._publisher is None:
+            rid, handle = self._local_relay()
+            if rid != self._call(self._group().master.remote()):
+                raise RelayUnavailableError(
+                    f"the master relay is not on the trainer's machine (local relay {rid!r}); spawn the group "
+                    "with master=<the relay on trainer rank 0's node>")
+            self._publisher = Publisher(RayHandle(handle, self.timeout_s))
+        return self._publisher
+
+    async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                           global_steps: Optional[int] = None) -> dict:
+        if not self.is_master:
+            async for _ in ensure_async_iterator(weights):
+                pass
+            return {}
+        version = global_steps if global_steps is not None else self._last_version + 1
+        if version <= self._last_version:
+            raise ValueError(f"version {version} is not newer than the last published {self._last_version}; "
+                             "pass the trainer's global step")
+        writer = VersionWriter(self._get_publisher())
+        async for name, tensor in ensure_async_iterator(weights):
+            writer.add(name, tensor)
+        stall = writer.publish(version)
+        self._last_version = version
+        return {"laminar/relay/publish_s": stall, "laminar/relay/version": version}
+
+    # ---- rollout side ----
+    def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        rid, handle = self._local_relay()
+        try:
+            if handle is None:
+                raise RayActorError()
+            desc = self._call(handle.describe.remote(version))
+            return StoreReader(os.path.dirname(desc["path"])).open(desc["version"])
+        except RayActorError:
+            src, addr = self._call(self._group().fallback_for.remote(rid))
+            m, view = pull(tuple(addr), version, timeout_s=self.timeout_s)
+            logger.warning("relay %s unreachable; version %d pulled from its upstream %s", rid, m.version, src)
+            return m, view
+        except ray.exceptions.RayTaskError as e:
+            raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e
+
+    def receive_weights(self, global_steps: Optional[int] = None) -> Generator[tuple[str, torch.Tensor], None, None]:
+        m, view = self._open(global_steps)
+        self.served_version = m.version
+        yield from read_tensors(m, view)
+
+    def get_weights(self) -> Generator[tuple[str, torch.Tensor], None, None]:
+        return self.receive_weights(None)
+
+
+def register_relay_backend() -> type:
+    """Register the ``laminar`` backend with verl (idempotent); fails loudly if verl did not take it."""
+    if CheckpointEngineRegistry._registry.get(BACKEND) is not RelayCheckpointEngine:
+        CheckpointEngineRegistry.register(BACKEND)(RelayCheckpointEngine)
+    cls = CheckpointEngineRegistry.get(BACKEND)
+    if cls is not RelayCheckpointEngine:
+        raise RuntimeError(f"verl's CheckpointEngineRegistry returned {cls!r} for {BACKEND!r} after registration")
+    return cls
+
+
+register_relay_backend()  # so that custom_backend_module=verl_laminar.relay.verl_backend is enough
