@@ -107,6 +107,8 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()
+# The datasheet roofline (no efficiency losses): the paper takes B "from a roofline model of the GPU".
+DATASHEET = Efficiency(bandwidth=1.0, compute=1.0, step_overhead_s=0.0, allreduce_latency_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ def prefill_time(model: ModelShape, device: DeviceSpec, tokens: float, tp: int =
 
 
 def compute_bound_batch(model: ModelShape, device: DeviceSpec, tp: int = 1, ctx_per_seq: float = 0.0,
-                        eff: Efficiency = DEFAULT_EFFICIENCY, cap: int = 4096) -> int:
+                        eff: Efficiency = DATASHEET, cap: int = 4096) -> int:
     """Smallest batch B at which a decode step's FLOP time reaches its memory time (``cap`` if never).
 
     With ``ctx_per_seq = 0`` this is the textbook arithmetic-intensity ridge, ``peak * dtype_bytes /

@@ -38,7 +38,7 @@ def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
         kv_capacity=int(free // model.kv_bytes_per_token),
         max_seqs=inf.max_num_seqs,
         c_max=inf.c_max,
-        repack_batch=compute_bound_batch(model, dev, tp, eff=inf.efficiency),
+        repack_batch=compute_bound_batch(model, dev, tp),  # datasheet ridge, as the paper
     )
 
 

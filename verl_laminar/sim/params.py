@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from verl_laminar.policy.roofline import DEFAULT_EFFICIENCY, DEVICES, H800, DeviceSpec, Efficiency, ModelShape
+from verl_laminar.policy.roofline import DEVICES, H800, DeviceSpec, Efficiency, ModelShape
 
 # Qwen2.5 config.json on the Hugging Face hub (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, vocab_size; head_dim = hidden / heads = 128) and the model cards' parameter counts.
@@ -50,9 +50,18 @@ class Network:
     g2g_fixed_s: float = 0.5
 
 
+# Decode efficiency, calibrated -- one setting for every system. At 80% of datasheet HBM bandwidth and
+# 1.5 ms per step the roofline gives 32B (64 trainer GPUs, 16 rollouts of 4 GPUs) a longest
+# trajectory of ~340 s and synchronous verl a 67% generation share; the paper measures ~828 s
+# (Step 3) and DAPO reports ~83% (Context). Serving engines reach well under peak bandwidth on long
+# paged-attention contexts and spend milliseconds per step scheduling and sampling hundreds of
+# sequences: 40% of HBM bandwidth and 10 ms per step reproduce both measurements (docs/simulator.md).
+DECODE_EFFICIENCY = Efficiency(bandwidth=0.4, compute=0.6, step_overhead_s=10e-3, allreduce_latency_s=8e-6)
+
+
 @dataclass(frozen=True)
 class Inference:
-    efficiency: Efficiency = DEFAULT_EFFICIENCY  # HBM/FLOP efficiencies and step overheads (roofline.py)
+    efficiency: Efficiency = DECODE_EFFICIENCY  # HBM/FLOP efficiencies and step overheads (roofline.py)
     kv_memory_fraction: float = 0.8  # vLLM gpu_memory_utilization (vLLM default 0.9, verl colocated 0.5) -- assumption
     reserve_bytes_per_gpu: float = 4e9  # activations, CUDA graphs, sampler workspace -- assumption
     max_num_seqs: int = 1024  # verl's rollout default (rollout.max_num_seqs)

@@ -52,8 +52,7 @@ class AReaL(AsyncBase):
             self.record(r.rid, "interrupt", t, r.t)
 
     def finish(self) -> Result:
-        res = self.meter.result("areal", self.setup, events=self.engine.events,
-                                trainer_idle_frac=self.trainer_idle / max(self.engine.now, 1e-9))
+        res = self.meter.result("areal", self.setup, events=self.engine.events)
         res.staleness["mixed_version_frac"] = round(self.mixed / max(self.done_trajectories, 1), 4)
         res.trace = self.trace
         return res

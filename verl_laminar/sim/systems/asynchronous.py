@@ -36,7 +36,6 @@ class AsyncBase(Base):
         self._train_epoch = 0
         self._blocked_until = 0.0  # trainer stalled while idle (serving weights)
         self._idle_since = 0.0
-        self.trainer_idle = 0.0
 
     # -- hooks for the systems -------------------------------------------------------------------
     def publish_cost(self, t: float) -> float:
@@ -79,6 +78,7 @@ class AsyncBase(Base):
 
     def on_seq_done(self, r: Rollout, seq: Seq, t: float) -> None:
         self.meter.finished.append((t, seq.gen_tokens, staleness(seq.first_version, self.version)))
+        self.meter.latency.append((t, t - seq.start))
         grp = seq.group
         grp.left -= 1
         if grp.left == 0:
@@ -95,7 +95,7 @@ class AsyncBase(Base):
         groups = [self.buffer.popleft() for _ in range(self.batch_groups)]
         tokens = sum(g.tokens for g in groups)
         self.meter.step_tokens.append(tokens)
-        self.trainer_idle += t - self._idle_since
+        self.meter.idle.append((self._idle_since, t))
         self.training = True
         self._train_start = t
         self._train_end = t + self.train_time(tokens, self.setup.layout.trainer_gpus)

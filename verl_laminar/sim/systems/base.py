@@ -74,6 +74,7 @@ class Result:
     step_time: float  # mean seconds between publications in the measured window
     gen_throughput: float  # model-generated tokens / s finished in the measured window
     staleness: dict = field(default_factory=dict)
+    latency: dict = field(default_factory=dict)  # trajectory dispatch-to-finish seconds (mean, max)
     weight_wait_s: Optional[float] = None  # mean rollout wait for new weights (Laminar)
     kv_util: Optional[float] = None  # time-averaged KV use of generating rollouts (Laminar)
     gen_fraction: Optional[float] = None  # share of a step spent generating (synchronous verl)
@@ -100,6 +101,8 @@ class Meter:
         self.publish: list[float] = []
         self.step_tokens: list[float] = []
         self.finished: list[tuple[float, float, int]] = []  # (finish time, generated tokens, staleness)
+        self.latency: list[tuple[float, float]] = []  # (finish time, seconds from dispatch to finish)
+        self.idle: list[tuple[float, float]] = []  # trainer idle intervals
         self.waits: list[tuple[float, float]] = []  # (time, seconds waited for weights)
 
     def window(self) -> tuple[float, float]:
@@ -125,6 +128,19 @@ class Meter:
         vals = [s for t, _, s in self.finished if a < t <= b]
         return summarize(vals).as_dict(), vals
 
+    def latency_stats(self) -> dict:
+        a, b = self.window()
+        xs = [d for t, d in self.latency if a < t <= b]
+        return {"mean_s": round(sum(xs) / len(xs), 2), "max_s": round(max(xs), 2)} if xs else {}
+
+    def idle_frac(self) -> Optional[float]:
+        """Share of the measured window the trainer waited for data."""
+        if not self.idle:
+            return None
+        a, b = self.window()
+        busy = sum(max(0.0, min(e, b) - max(s, a)) for s, e in self.idle)
+        return busy / max(b - a, 1e-9)
+
     def mean_wait(self) -> Optional[float]:
         a, b = self.window()
         w = [d for t, d in self.waits if a < t <= b]
@@ -134,8 +150,10 @@ class Meter:
         lay = setup.layout
         tput, step = self.throughput()
         stale, vals = self.staleness()
+        extra.setdefault("trainer_idle_frac", self.idle_frac())
         return Result(system, setup.model, setup.task, lay.gpus, lay.trainer_gpus, lay.rollout_gpus, tput, step,
-                      self.gen_throughput(), stale, weight_wait_s=self.mean_wait(), staleness_values=vals, **extra)
+                      self.gen_throughput(), stale, weight_wait_s=self.mean_wait(), latency=self.latency_stats(),
+                      staleness_values=vals, **extra)
 
 
 class Base(Sink):

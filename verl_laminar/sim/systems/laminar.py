@@ -162,7 +162,6 @@ class Laminar(AsyncBase):
     def finish(self) -> Result:
         res = self.meter.result(self.name, self.setup, events=self.engine.events,
                                 kv_util=sum(self.kv_samples) / max(len(self.kv_samples), 1),
-                                repacks=self.repacks, migrations=self.migrations,
-                                trainer_idle_frac=self.trainer_idle / max(self.engine.now, 1e-9))
+                                repacks=self.repacks, migrations=self.migrations)
         res.trace = self.trace
         return res

@@ -119,6 +119,7 @@ class _Scheduled:
         for d, gen in zip(prof.seq_done, prof.seq_gen):
             t = t0 + d
             self.meter.finished.append((t, gen, staleness(version, trainer_version_at(pubs, t))))
+            self.meter.latency.append((t, d))
         if self.setup.trace:
             for rid, last in enumerate(prof.rollout_last):
                 self.trace.append((rid, "gen", t0, t0 + last))
@@ -168,7 +169,7 @@ class Pipelined(_Scheduled):
         bcast = g2g_broadcast(self.model, lay.tp, lay.rollouts, self.p)
         pub = [0.0]  # pub[k]: when version k exists on the trainer (version 0 at start)
         gen_start, loaded = 0.0, 0
-        trainer_free, idle = 0.0, 0.0
+        trainer_free = 0.0
         busy: list[tuple[float, float]] = []  # broadcasts the trainer takes part in
         per_mb = s.prompts_per_step // s.minibatches
         for i in range(1, s.pipeline_steps + 1):
@@ -191,7 +192,8 @@ class Pipelined(_Scheduled):
                 part = order[j * per_mb:(j + 1) * per_mb]
                 ready = gen_start + prof.group_done[part[-1]] if self.streaming else gen_end
                 start = max(cursor, ready)
-                idle += max(0.0, ready - cursor)
+                if ready > cursor:
+                    self.meter.idle.append((cursor, ready))
                 start, dur = _around(busy, start, self.train(sum(prof.group_tokens[k] for k in part), lay.trainer_gpus))
                 if self.setup.trace:
                     self.trace.append((-1, "train", start, start + dur))
@@ -201,7 +203,7 @@ class Pipelined(_Scheduled):
             self.meter.publish.append(cursor)
             self.meter.step_tokens.append(sum(prof.group_tokens))
         name = "streaming" if self.streaming else "one_step"
-        res = self.meter.result(name, self.setup, events=self.events, trainer_idle_frac=idle / max(trainer_free, 1e-9))
+        res = self.meter.result(name, self.setup, events=self.events)
         res.trace = self.trace
         return res
 

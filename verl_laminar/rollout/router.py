@@ -1,0 +1,256 @@
+"""The Laminar router: whole prompt groups to one replica, per-replica refresh, version-pinned requests.
+
+Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``):
+    agent-loop worker  assign_group(uid, n)   -> queued; every event re-plans (policy.dispatch) and resolves
+                                                 the waiting call with an Assignment (replica, version)
+    pinned client      acquire_pinned(req, uid, version) -> (server address, handle); in-flight += 1
+                       release_server(address)           -> in-flight -= 1
+    agent-loop worker  trajectory_finished(key, uid, ...) -> the trainer's latest published version n
+                       finish_group(uid)      -> the replica's batch may end -> refresh to the newest
+                                                 version (refresh_replica) -> it takes the next groups
+    trainer            on_publish(v) / drain_events() / snapshot()
+
+A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
+It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
+``acquire_server`` without a pin raises, because an unpinned request could run on any version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from verl_laminar.policy.dispatch import (
+    Assignment,
+    DispatchConfig,
+    RefreshDecision,
+    RoutingError,
+    abandon_refresh,
+    apply_plan,
+    complete_refresh,
+    finish_group,
+    initial_state,
+    plan_dispatch,
+    route,
+)
+
+logger = logging.getLogger(__name__)
+
+ROUTER_NAME = "laminar_router"
+UNLOADED = -1  # version of a replica before its first refresh: it takes no group until it has v0
+
+
+@dataclass(frozen=True)
+class ReplicaHandles:
+    replica_id: int
+    address: str  # verl's server id for the balancer protocol
+    server: Any  # the vLLMHttpServer actor handle requests go to
+    workers: tuple = ()  # the replica's CheckpointEngineWorker handles (what a refresh calls)
+
+
+Refresher = Callable[[ReplicaHandles, int], Awaitable[None]]
+
+
+async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
+    from verl_laminar.rollout.refresh import refresh_replica
+
+    await refresh_replica(replica.workers, version)
+
+
+class LaminarRouter:
+    def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
+                 refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._replicas = {r.replica_id: r for r in replicas}
+        self._by_address = {r.address: r.replica_id for r in replicas}
+        self._cfg = DispatchConfig(groups_per_batch)
+        self._refresher = refresher or _default_refresher
+        self._drain_timeout_s, self._clock = drain_timeout_s, clock
+        self._state = initial_state(self._replicas, UNLOADED)
+        self._queue: list[str] = []
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._group_n: dict[str, int] = {}
+        self._validate: set[str] = set()
+        self._inflight = {rid: 0 for rid in self._replicas}
+        self._published: Optional[int] = None
+        self._tasks: set[asyncio.Task] = set()
+        self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": []}
+        self._rollout_wait_s = 0.0
+        self._refreshes = 0
+        self._error: Optional[BaseException] = None
+
+    # ---- trainer side ----
+    async def on_publish(self, version: int) -> None:
+        if self._published is not None and version <= self._published:
+            raise ValueError(f"published version {version} is not newer than {self._published}")
+        self._published = int(version)
+        self._pump()
+
+    async def start(self, version: int, timeout_s: float = 600.0) -> dict[int, int]:
+        """Publish v0 and wait until every replica serves it (the same refresh path as later versions)."""
+        await self.on_publish(version)
+        deadline = self._clock() + timeout_s
+        while any(r.version < version for r in self._state.replicas):
+            self._raise_if_failed()
+            if self._clock() > deadline:
+                raise TimeoutError(f"replicas did not load version {version} in {timeout_s} s: {self.versions()}")
+            await asyncio.sleep(0.05)
+        return self.versions()
+
+    def drain_events(self) -> dict[str, list]:
+        out, self._events = self._events, {k: [] for k in self._events}
+        return out
+
+    def versions(self) -> dict[int, int]:
+        return self._state.versions()
+
+    def snapshot(self) -> dict[str, Any]:
+        wait, self._rollout_wait_s = self._rollout_wait_s, 0.0
+        return {"versions": self.versions(), "published": self._published, "queued": len(self._queue),
+                "inflight": dict(self._inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
+                "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas}}
+
+    # ---- agent-loop side ----
+    async def assign_group(self, group_id: str, n: int, validate: bool = False) -> Assignment:
+        self._raise_if_failed()
+        if group_id in self._waiters or group_id in self._state.pins:
+            raise RoutingError(f"group {group_id!r} asked for a replica twice")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[group_id] = fut
+        self._group_n[group_id] = int(n)
+        if validate:
+            # validation runs on the replicas' current versions; it goes first so it delays training least
+            self._validate.add(group_id)
+            self._queue.insert(0, group_id)
+        else:
+            self._queue.append(group_id)
+        self._pump()
+        return await fut
+
+    async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
+        a = route(self._state, group_id)  # raises if the replica no longer serves the group's version
+        if a.version != version:
+            raise RoutingError(f"request {request_id} of group {group_id!r} carries version {version}, "
+                               f"but the group is pinned to {a.version}")
+        self._inflight[a.replica_id] += 1
+        r = self._replicas[a.replica_id]
+        return r.address, r.server
+
+    async def release_server(self, server_id: str, request_id: Optional[str] = None) -> None:
+        rid = self._by_address[server_id]
+        self._inflight[rid] = max(0, self._inflight[rid] - 1)
+
+    async def trajectory_finished(self, key: str, group_id: str, prompt_tokens: int, response_tokens: int,
+                                  start_s: Optional[float] = None) -> int:
+        """Record one finished response; returns n, the trainer's latest published version."""
+        a = self._state.pins.get(group_id)
+        if a is None:
+            raise RoutingError(f"trajectory {key!r} finished for group {group_id!r}, which is not assigned")
+        n = int(self._published)
+        if group_id not in self._validate:
+            self._events["finished"].append(dict(key=key, group_id=group_id, replica_id=a.replica_id,
+                                                 version=a.version, start_s=start_s, finish_s=self._clock(),
+                                                 prompt_tokens=int(prompt_tokens),
+                                                 response_tokens=int(response_tokens), n=n))
+        return n
+
+    async def finish_group(self, group_id: str) -> None:
+        self._state, ended = finish_group(self._state, group_id)
+        self._group_n.pop(group_id, None)
+        self._validate.discard(group_id)
+        if ended:
+            self._pump()
+
+    async def report_violation(self, message: str) -> None:
+        logger.error("invariant violation reported by a rollout worker: %s", message)
+        self._events["violations"].append(message)
+
+    # ---- verl RequestLoadBalancer protocol ----
+    async def acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
+        raise RoutingError(f"request {request_id} has no group pin: under Laminar every request must come "
+                           "through LaminarLLMServerClient inside LaminarAgentLoopWorker (rollout.agent."
+                           "agent_loop_manager_class=verl_laminar.rollout.agent_loop.LaminarAgentLoopManager)")
+
+    def require_acquire_fields(self) -> list[str]:
+        return []
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
+
+    def add_servers(self, servers: dict) -> None:
+        raise NotImplementedError("LaminarRouter serves a fixed set of standalone replicas (hybrid_engine=false)")
+
+    def remove_servers(self, server_ids: list) -> None:
+        raise NotImplementedError("LaminarRouter serves a fixed set of standalone replicas (hybrid_engine=false)")
+
+    def get_all_servers(self) -> list[str]:
+        return list(self._by_address)
+
+    def get_status(self) -> dict:
+        return self.snapshot()
+
+    def clear_sticky_cache(self) -> dict:
+        return {}
+
+    def get_total_inflight(self) -> int:
+        return sum(self._inflight.values())
+
+    # ---- planning ----
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the router stopped after a failed refresh: {self._error!r}") from self._error
+
+    def _pump(self) -> None:
+        if self._published is None:
+            return  # nothing published: replicas hold no weights yet
+        plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)
+        self._state = apply_plan(self._state, plan, self._cfg)
+        self._queue = list(plan.waiting)
+        for d in plan.refreshes:
+            task = asyncio.get_running_loop().create_task(self._refresh(d))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for a in plan.assignments:
+            if a.group_id not in self._validate:
+                for i in range(self._group_n[a.group_id]):
+                    self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
+            self._waiters.pop(a.group_id).set_result(a)
+
+    async def _refresh(self, d: RefreshDecision) -> None:
+        t0 = self._clock()
+        try:
+            while self._inflight[d.replica_id]:
+                # a release is fire-and-forget and may trail finish_group by one message
+                if self._clock() - t0 > self._drain_timeout_s:
+                    raise RuntimeError(f"replica {d.replica_id} still has {self._inflight[d.replica_id]} requests "
+                                       f"in flight {self._drain_timeout_s} s after its batch ended")
+                await asyncio.sleep(0.01)
+            await self._refresher(self._replicas[d.replica_id], d.to_version)
+        except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
+            logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
+            self._state = abandon_refresh(self._state, d.replica_id)
+            self._error = e
+            for fut in self._waiters.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"refresh of replica {d.replica_id} failed: {e!r}"))
+            self._waiters.clear()
+            return
+        t1 = self._clock()
+        self._state = complete_refresh(self._state, d.replica_id, d.to_version)
+        self._rollout_wait_s += t1 - t0
+        self._refreshes += 1
+        self._events["versions"].append((d.replica_id, d.to_version, t1))
+        logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, d.to_version, t1 - t0)
+        self._pump()
+
+
+def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, max_concurrency: int = 10_000,
+                 name: str = ROUTER_NAME) -> Any:
+    """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue."""
+    import ray
+
+    return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
+        replicas, groups_per_batch)
