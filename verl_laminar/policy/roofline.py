@@ -9,12 +9,14 @@ A decode step of ``n`` sequences holding ``C`` tokens of context in total, on a 
 GPUs, reads every weight once plus every cached key/value once, and does ~2 FLOPs per weight per
 sequence plus the attention over the cache:
 
-    bytes(C)    = (W + C * kv_bytes_per_token) / tp
+    mem(C)      = W / (tp * bw * weight_eff) + C * kv_bytes_per_token / (tp * bw * kv_eff)
     flops(n, C) = (2 * P_matmul * n + 4 * layers * heads * head_dim * C) / tp
-    step(n, C)  = overhead + max(bytes / (bw * bw_eff), flops / (peak * flop_eff))
+    step(n, C)  = fixed + n * per_seq + max(mem(C), flops / (tp * peak * flop_eff))
 
-Both terms are linear in C, which lets the simulator integrate a step time exactly while the
-context grows (see ``DecodeCost``).
+Weight reads (large GEMVs) and cache reads (paged attention over scattered blocks) reach different
+fractions of peak bandwidth, hence two efficiencies; the engine's per-step work outside the kernels
+(scheduling, sampling) has a fixed part and a part per sequence. Every term is linear in C, which
+lets the simulator integrate step times exactly while the context grows (see ``DecodeCost``).
 """
 
 from __future__ import annotations
@@ -94,36 +96,41 @@ class ModelShape:
 class Efficiency:
     """Fractions of peak that real kernels reach, and the per-step costs outside the roofline."""
 
-    bandwidth: float = 0.8  # decode GEMV/attention kernels reach ~70-85% of peak HBM bandwidth
+    bandwidth: float = 0.8  # weight GEMVs reach ~70-85% of peak HBM bandwidth
     compute: float = 0.6  # small-M GEMMs in decode reach ~50-70% of peak FLOP/s
     step_overhead_s: float = 1.5e-3  # scheduler, sampling and launch time per step outside the kernels
     allreduce_latency_s: float = 8e-6  # one small tensor-parallel all-reduce over NVLink
+    kv_bandwidth: float = 0.8  # paged attention over the cache (scattered blocks) may reach less
+    seq_overhead_s: float = 0.0  # per-sequence engine work each step (scheduling, sampling)
 
     def __post_init__(self) -> None:
-        if not (0 < self.bandwidth <= 1 and 0 < self.compute <= 1):
-            raise ValueError(f"efficiencies must be in (0, 1], got bandwidth={self.bandwidth}, compute={self.compute}")
-        if self.step_overhead_s < 0 or self.allreduce_latency_s < 0:
-            raise ValueError("step_overhead_s and allreduce_latency_s must be >= 0")
+        for key in ("bandwidth", "compute", "kv_bandwidth"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"efficiency {key}={getattr(self, key)!r} must be in (0, 1]")
+        if min(self.step_overhead_s, self.allreduce_latency_s, self.seq_overhead_s) < 0:
+            raise ValueError("step_overhead_s, seq_overhead_s and allreduce_latency_s must be >= 0")
 
 
 DEFAULT_EFFICIENCY = Efficiency()
 # The datasheet roofline (no efficiency losses): the paper takes B "from a roofline model of the GPU".
-DATASHEET = Efficiency(bandwidth=1.0, compute=1.0, step_overhead_s=0.0, allreduce_latency_s=0.0)
+DATASHEET = Efficiency(bandwidth=1.0, compute=1.0, step_overhead_s=0.0, allreduce_latency_s=0.0, kv_bandwidth=1.0)
 
 
 @dataclass(frozen=True)
 class DecodeCost:
-    """Step time of a rollout as ``fixed + max(mem0 + mem1*C, flop_per_seq*n + flop1*C)`` seconds."""
+    """Step time ``fixed + per_seq*n + max(mem0 + mem1*C, flop_per_seq*n + flop1*C)`` seconds."""
 
     fixed: float
     mem0: float
     mem1: float
     flop_per_seq: float
     flop1: float
+    per_seq: float = 0.0
 
     def step(self, n: int, ctx_tokens: float) -> float:
         """Seconds for one decode step of ``n`` sequences holding ``ctx_tokens`` tokens of context."""
-        return self.fixed + max(self.mem0 + self.mem1 * ctx_tokens, self.flop_per_seq * n + self.flop1 * ctx_tokens)
+        return self.fixed + self.per_seq * n + max(self.mem0 + self.mem1 * ctx_tokens,
+                                                   self.flop_per_seq * n + self.flop1 * ctx_tokens)
 
     def span(self, n: int, ctx_tokens: float, steps: float) -> float:
         """Seconds for ``steps`` decode steps while each of the ``n`` sequences grows by one token per step.
@@ -137,7 +144,7 @@ class DecodeCost:
         # both branches are linear in C: a(C) = a0 + a1*C (memory), b(C) = b0 + b1*C (compute)
         a0, a1, b0, b1 = self.mem0, self.mem1, self.flop_per_seq * n, self.flop1
         area = _area_of_max(a0, a1, b0, b1, c0, c1)
-        return self.fixed * steps + area / n
+        return (self.fixed + self.per_seq * n) * steps + area / n
 
     def steps_within(self, n: int, ctx_tokens: float, seconds: float) -> float:
         """Inverse of ``span``: decode steps completed in ``seconds`` (Newton on a convex, increasing span)."""
@@ -172,16 +179,17 @@ def decode_cost(model: ModelShape, device: DeviceSpec, tp: int = 1, eff: Efficie
     """The roofline coefficients of a ``tp``-GPU rollout of ``model`` on ``device``."""
     if tp < 1:
         raise ValueError(f"tp={tp} must be >= 1")
-    bw = device.hbm_bandwidth * eff.bandwidth * tp
+    bw = device.hbm_bandwidth * tp
     peak = device.peak_flops * eff.compute * tp
     # two all-reduces per layer (after attention and after the MLP) when the layer is split
     comm = 2 * model.layers * eff.allreduce_latency_s if tp > 1 else 0.0
     return DecodeCost(
         fixed=eff.step_overhead_s + comm,
-        mem0=model.matmul_params * model.dtype_bytes / bw,
-        mem1=model.kv_bytes_per_token / bw,
+        mem0=model.matmul_params * model.dtype_bytes / (bw * eff.bandwidth),
+        mem1=model.kv_bytes_per_token / (bw * eff.kv_bandwidth),
         flop_per_seq=2.0 * model.matmul_params / peak,
         flop1=4.0 * model.layers * model.heads * model.head_dim / peak,
+        per_seq=eff.seq_overhead_s,
     )
 
 
@@ -214,6 +222,7 @@ def compute_bound_batch(model: ModelShape, device: DeviceSpec, tp: int = 1, ctx_
     if ctx_per_seq < 0:
         raise ValueError(f"ctx_per_seq={ctx_per_seq} must be >= 0")
     cost = decode_cost(model, device, tp, eff)
+    # where the FLOP branch of the max overtakes the memory branch
     per_seq = cost.flop_per_seq + (cost.flop1 - cost.mem1) * ctx_per_seq
     if per_seq <= 0:
         return cap

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 SUBNET = "10.213.0"
 
 
-class TestbedUnavailable(RuntimeError):
+class NetnsUnavailable(RuntimeError):
     """Network namespaces or tc cannot be used here (the message says what is missing and the fix)."""
 
 
@@ -31,8 +31,7 @@ def _run(cmd: list[str]) -> None:
         raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
 
 
-class Testbed:
-    __test__ = False  # not a pytest class
+class NetnsTestbed:
 
     def __init__(self, n: int, rate_mbit: float, delay_ms: float = 0.0, prefix: Optional[str] = None) -> None:
         if not 1 <= n <= 250:
@@ -51,16 +50,16 @@ class Testbed:
 
     def _check(self) -> None:
         if os.geteuid() != 0:
-            raise TestbedUnavailable("network namespaces need root; rerun as root (or in a privileged container)")
+            raise NetnsUnavailable("network namespaces need root; rerun as root (or in a privileged container)")
         for tool in ("ip", "tc"):
             if shutil.which(tool) is None:
-                raise TestbedUnavailable(f"`{tool}` is not installed; install iproute2")
+                raise NetnsUnavailable(f"`{tool}` is not installed; install iproute2")
 
     def _add_ns(self, name: str) -> None:
         try:
             _run(["ip", "netns", "add", name])
         except subprocess.CalledProcessError as e:
-            raise TestbedUnavailable(f"`ip netns add {name}` failed: {e.stderr.strip()}") from e
+            raise NetnsUnavailable(f"`ip netns add {name}` failed: {e.stderr.strip()}") from e
         self.created.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
@@ -91,11 +90,11 @@ class Testbed:
             except subprocess.CalledProcessError as e:
                 what = next((k for k in ("netem", "u32", "htb") if k in cmd), "tc")
                 hint = "; rerun with --delay-ms 0" if what == "netem" else ""
-                raise TestbedUnavailable(
+                raise NetnsUnavailable(
                     f"`{' '.join(cmd[4:])}` failed: {e.stderr.strip()}; the kernel lacks {what} support{hint}"
                 ) from e
 
-    def up(self) -> "Testbed":
+    def up(self) -> "NetnsTestbed":
         self._check()
         try:
             br = f"{self.prefix}b"
@@ -110,11 +109,11 @@ class Testbed:
                 _run(["ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0"])
                 _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
                 self._shape(ns)
-        except (subprocess.CalledProcessError, TestbedUnavailable) as e:
+        except (subprocess.CalledProcessError, NetnsUnavailable) as e:
             self.down()
-            if isinstance(e, TestbedUnavailable):
+            if isinstance(e, NetnsUnavailable):
                 raise
-            raise TestbedUnavailable(f"building the testbed failed at `{' '.join(e.cmd)}`: {e.stderr.strip()}") from e
+            raise NetnsUnavailable(f"building the testbed failed at `{' '.join(e.cmd)}`: {e.stderr.strip()}") from e
         logger.info("testbed %s: %d namespaces at %s mbit/s", self.prefix, self.n, self.rate_mbit)
         return self
 
@@ -126,7 +125,7 @@ class Testbed:
                 logger.warning("could not delete namespace %s: %s", name, res.stderr.strip())
         self.created.clear()
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> "NetnsTestbed":
         return self.up()
 
     def __exit__(self, *exc) -> None:

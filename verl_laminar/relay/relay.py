@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from verl_laminar.policy.chain import ChainPlan
 from verl_laminar.relay import probe
+from verl_laminar.relay.client import serve_pull
 from verl_laminar.relay.forward import Forwarder
 from verl_laminar.relay.inflight import InFlight
 from verl_laminar.relay.manifest import VersionManifest
@@ -108,7 +109,7 @@ class Relay:
     def wait_version(self, version: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (self.store.newest() or -1) < version:
+            while (-1 if self.store.newest() is None else self.store.newest()) < version:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -199,8 +200,6 @@ class Relay:
             elif frame.kind == Kind.SINK:
                 probe.drain(ch, frame)
             elif frame.kind == Kind.PULL:
-                from verl_laminar.relay.client import serve_pull
-
                 serve_pull(self.store, ch, None if frame.version == NEWEST else frame.version)
             elif frame.kind == Kind.BEGIN:
                 self._receive(ch, VersionManifest.from_json(ch.recv_payload(frame.length)))

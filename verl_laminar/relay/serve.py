@@ -92,6 +92,18 @@ def _serve_control(relay: Relay, path: str, authkey: bytes, stop: threading.Even
         threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
 
+def set_realtime(priority: int = 1) -> bool:
+    """SCHED_RR at ``priority`` for this process; False (and a warning) where that is not permitted.
+    Safe for a relay: it blocks on I/O and never spins, and the kernel caps real-time CPU (rt throttling)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+        return True
+    except (PermissionError, OSError) as e:
+        logger.warning("relay stays at normal priority: SCHED_RR not permitted (%s); run as root or raise "
+                       "RLIMIT_RTPRIO", e)
+        return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Run one relay process (benchmarks and tests).")
     ap.add_argument("--id", required=True)
@@ -101,13 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--control", required=True, help="Unix socket path for control calls")
     ap.add_argument("--rate-bytes-per-s", type=float, default=None, help="pace sends (tests without tc)")
     ap.add_argument("--io-timeout-s", type=float, default=30.0)
-    ap.add_argument("--nice", type=int, default=None,
-                    help="scheduling niceness of this relay (negative needs root): relays use little CPU but are "
-                         "latency-sensitive, like any I/O daemon")
+    ap.add_argument("--sched", choices=("normal", "rr"), default="normal",
+                    help="rr: real-time round-robin priority 1. A relay uses little CPU but every chunk waits for "
+                         "it to wake; on a busy host normal scheduling delays each wake-up by a time slice")
     a = ap.parse_args(argv)
-    if a.nice is not None:
-        os.setpriority(os.PRIO_PROCESS, 0, a.nice)
     logging.basicConfig(level=os.environ.get("LAMINAR_RELAY_LOG", "WARNING"))
+    if a.sched == "rr":
+        set_realtime()
     authkey = bytes.fromhex(os.environ[_AUTH_ENV])
     relay = Relay(a.id, root=a.root, host=a.host, port=a.port, transport=TcpTransport(a.rate_bytes_per_s),
                   io_timeout_s=a.io_timeout_s)
@@ -124,15 +136,15 @@ class RelayProcess:
 
     def __init__(self, relay_id: str, root: str, control: str, host: str = "127.0.0.1", netns: Optional[str] = None,
                  rate_bytes_per_s: Optional[float] = None, io_timeout_s: float = 30.0,
-                 nice: Optional[int] = None) -> None:
+                 sched: str = "normal") -> None:
         self.relay_id, self.root, self.control, self.netns = relay_id, root, control, netns
         self._authkey = secrets.token_bytes(16)
         cmd = [sys.executable, "-m", "verl_laminar.relay.serve", "--id", relay_id, "--root", root, "--host", host,
                "--control", control, "--io-timeout-s", str(io_timeout_s)]
         if rate_bytes_per_s:
             cmd += ["--rate-bytes-per-s", str(rate_bytes_per_s)]
-        if nice is not None:
-            cmd += ["--nice", str(nice)]
+        if sched != "normal":
+            cmd += ["--sched", sched]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         env = dict(os.environ, **{_AUTH_ENV: self._authkey.hex()})

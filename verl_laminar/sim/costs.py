@@ -42,10 +42,23 @@ def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
     )
 
 
-def train_seconds(model: ModelShape, tokens: float, trainer_gpus: int, p: SimParams) -> float:
-    """One pass of forward + backward over ``tokens`` tokens (6 * params FLOPs each at the stated MFU)."""
-    t = p.training
-    return t.flops_per_param_token * model.params * tokens / (trainer_gpus * p.device.peak_flops * t.mfu)
+def train_seconds(model: ModelShape, tokens: float, trainer_gpus: int, p: SimParams, updates: int = 1) -> float:
+    """``updates`` optimizer updates over ``tokens`` tokens in all.
+
+    Each update is the slower of its compute (6 * params FLOPs per token at the stated MFU) and its
+    FSDP traffic (``fsdp_comm_factor`` x the weights per micro-batch per GPU, over InfiniBand once
+    the trainer spans machines, NVLink within one).
+    """
+    t, net = p.training, p.network
+    per_update = tokens / updates
+    compute = t.flops_per_param_token * model.params * per_update / (trainer_gpus * p.device.peak_flops * t.mfu)
+    if trainer_gpus <= 1:
+        return updates * compute
+    bw = net.ib_bandwidth_per_gpu * net.nccl_efficiency if trainer_gpus > net.gpus_per_machine \
+        else p.device.nvlink_bandwidth
+    micro = math.ceil(per_update / trainer_gpus / t.micro_batch_tokens)
+    comm = micro * t.fsdp_comm_factor * model.weight_bytes * (trainer_gpus - 1) / trainer_gpus / bw
+    return updates * max(compute, comm)
 
 
 def min_trainer_gpus(model: ModelShape, p: SimParams) -> int:

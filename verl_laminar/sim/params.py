@@ -50,13 +50,14 @@ class Network:
     g2g_fixed_s: float = 0.5
 
 
-# Decode efficiency, calibrated -- one setting for every system. At 80% of datasheet HBM bandwidth and
-# 1.5 ms per step the roofline gives 32B (64 trainer GPUs, 16 rollouts of 4 GPUs) a longest
-# trajectory of ~340 s and synchronous verl a 67% generation share; the paper measures ~828 s
-# (Step 3) and DAPO reports ~83% (Context). Serving engines reach well under peak bandwidth on long
-# paged-attention contexts and spend milliseconds per step scheduling and sampling hundreds of
-# sequences: 40% of HBM bandwidth and 10 ms per step reproduce both measurements (docs/simulator.md).
-DECODE_EFFICIENCY = Efficiency(bandwidth=0.4, compute=0.6, step_overhead_s=10e-3, allreduce_latency_s=8e-6)
+# Decode efficiency -- one setting for every system. Weight GEMVs and cache reads reach ~80% of HBM
+# bandwidth and an engine spends ~2 ms per step outside its kernels, so a 7B model decodes one
+# sequence in ~7.5 ms/token on an H800 and, as the paper's Step 1 premise has it, a batch of 8
+# costs nearly as much per step as a batch of 64 (32B, 4 GPUs, 2K context: 0.77x). Slower cache
+# reads or per-sequence engine work would lengthen the longest trajectory toward the paper's
+# measured 828 s but break that premise; docs/simulator.md shows both settings.
+DECODE_EFFICIENCY = Efficiency(bandwidth=0.8, compute=0.6, step_overhead_s=2e-3, allreduce_latency_s=8e-6,
+                               kv_bandwidth=0.8, seq_overhead_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,9 @@ class Inference:
     c_max: float = 0.99  # paper, Step 3; also vLLM admits new requests only below a ~1% free-block watermark
     # Simulation granularity, not hardware: trajectories of one rollout finishing within this many
     # decode steps of each other are retired in one event (each at most this many steps late).
-    event_quantum_tokens: float = 16.0
+    event_quantum_tokens: float = 32.0
+    # Likewise, tool answers are delivered on a grid of this many seconds (each at most that late).
+    tool_return_quantum_s: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,14 @@ class Training:
     flops_per_param_token: float = 6.0  # forward + backward, Kaplan et al. 2020
     state_bytes_per_param: float = 16.0  # bf16 weights/grads + fp32 master/Adam m/v (ZeRO, Rajbhandari et al. 2020)
     state_memory_fraction: float = 0.5  # at most half of HBM for states, the rest for 16K-token activations -- assumption
+    # FSDP (verl's default trainer) shards the states over all trainer GPUs: each micro-batch
+    # all-gathers the weights for the forward and again for the backward and reduce-scatters the
+    # gradients, ~3x the weights per GPU whatever the GPU count (ZeRO-3 volume, Rajbhandari et al.
+    # 2020), overlapped with compute. Micro-batches hold up to 16K tokens per GPU (verl's
+    # ppo_max_token_len_per_gpu default), so once a mini-batch gives each GPU less than that the
+    # traffic no longer shrinks with more GPUs: the trainer's strong-scaling limit.
+    fsdp_comm_factor: float = 3.0
+    micro_batch_tokens: int = 16384
     colocate_switch_fixed_s: float = 1.0  # verl colocated: vLLM sleep/wake and cache re-allocation per switch -- assumption
 
 
@@ -138,8 +149,8 @@ class Schedule:
     sync_steps: int = 3  # steps simulated; every step of a synchronous system is alike
     pipeline_steps: int = 6  # one-step-stale / streaming: publications simulated; the first is warm-up
     pipeline_warmup: int = 1
-    async_steps: int = 7  # Laminar / AReaL: publications simulated; the first few fill the pipeline
-    async_warmup: int = 3
+    async_steps: int = 6  # Laminar / AReaL: publications simulated; the first few fill the pipeline
+    async_warmup: int = 2
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ the head of the queue and re-prefills its whole context when readmitted.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import Iterable, Optional, Protocol
 
@@ -33,12 +34,15 @@ class Sink(Protocol):
 
 
 class Rollout:
-    def __init__(self, rid: int, machine: int, costs: RolloutCosts, engine: Engine, sink: Sink, quantum: float = 0.0):
+    def __init__(self, rid: int, machine: int, costs: RolloutCosts, engine: Engine, sink: Sink, quantum: float = 0.0,
+                 tool_quantum: float = 0.0):
         self.rid, self.machine = rid, machine
         self.cost, self.pf = costs.decode, costs.prefill_s_per_token
         self.cap, self.max_seqs = costs.kv_capacity, costs.max_seqs
         self.admit_limit = costs.c_max * costs.kv_capacity
         self.quantum = quantum
+        self.tool_quantum = tool_quantum
+        self._returns: dict[float, list[Seq]] = {}  # tool answers due, by delivery time
         self.engine, self.sink = engine, sink
         self.version = 0
         self.t = 0.0  # local clock: ``tau`` holds at ``t``; t > engine.now means stalled (prefill, pause)
@@ -205,7 +209,7 @@ class Rollout:
                 s.ctx += out
                 s.prefill, s.remaining = out, gen
                 self.away += 1
-                self.engine.at(now + latency, self._tool_back, s)
+                self._tool_call(s, now + latency)
             else:
                 done.append(s)
         while len(running) > 1 and self.ctx() >= self.cap - 1e-6:
@@ -229,6 +233,19 @@ class Rollout:
         self.waiting.appendleft(s)
         self.preemptions += 1
 
-    def _tool_back(self, s: Seq) -> None:
-        self.away -= 1
-        self.submit([s], self.engine.now)
+    def _tool_call(self, s: Seq, back: float) -> None:
+        """Tool answers are delivered on a ``tool_quantum`` grid, so returns close in time share one event."""
+        q = self.tool_quantum
+        if q > 0:
+            back = math.ceil(back / q) * q
+        batch = self._returns.get(back)
+        if batch is None:
+            self._returns[back] = [s]
+            self.engine.at(back, self._tools_back, back)
+        else:
+            batch.append(s)
+
+    def _tools_back(self, key: float) -> None:
+        seqs = self._returns.pop(key)
+        self.away -= len(seqs)
+        self.submit(seqs, self.engine.now)

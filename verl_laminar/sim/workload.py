@@ -88,9 +88,16 @@ class Workload:
         prompt, resp, tools = self._block(gid // _CHUNK)
         i = gid % _CHUNK
         grp = Group(gid)
+        p = prompt[i]
+        if tools is None:  # single-turn fast path
+            grp.seqs = [Seq(first_sid + k, grp, p, [total]) for k, total in enumerate(resp[i])]
+            grp.response_tokens = sum(resp[i])
+            grp.tokens = grp.response_tokens + p * self.group_size
+            grp.left = self.group_size
+            return grp
         for k in range(self.group_size):
             total = resp[i][k]
-            if tools is None or tools[0][i][k] == 0:
+            if tools[0][i][k] == 0:
                 segs = [total]
             else:
                 calls, lat, out, cuts = tools

@@ -5,9 +5,9 @@ experience buffer (FIFO) -> whenever the trainer is free and the buffer holds a 
 groups it trains on them -> publishes the new version (a hand-off whose cost the system decides)
 -> the system tells rollouts.
 
-Both systems size a rollout's work the same way: ``target`` trajectories, the larger of the
-roofline's memory-bound batch B and the rollout's share of one step, in whole groups. Both pause
-dispatch while the buffer holds ``async_buffer_steps`` steps of finished groups (backpressure).
+Both systems size a rollout's work the same way: its share of one step's prompts, in whole groups
+(so about one step is generating at a time, as in the synchronous systems). Both pause dispatch
+while the buffer holds ``async_buffer_steps`` steps of finished groups (backpressure).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ class AsyncBase(Base):
         super().__init__(setup, warmup=s.async_warmup)
         self.batch_groups = s.prompts_per_step
         self.buffer_cap = max(1, int(s.async_buffer_steps * s.prompts_per_step))  # groups
-        share = s.prompts_per_step * s.group_size / len(self.rollouts)
-        self.target_groups = max(1, math.ceil(max(self.costs.repack_batch, share) / s.group_size))
+        self.target_groups = max(1, math.ceil(s.prompts_per_step / len(self.rollouts)))
         self.buffer: deque[Group] = deque()
         self.version = 0
         self.training = False

@@ -168,7 +168,8 @@ class Base(Sink):
         lay = setup.layout
         if lay.rollouts < 1:
             raise ValueError(f"{lay.rollout_gpus} rollout GPUs cannot host a rollout of tp={lay.tp}")
-        self.rollouts = [Rollout(i, lay.machine_of(i), self.costs, self.engine, self, self.p.inference.event_quantum_tokens) for i in range(lay.rollouts)]
+        self.rollouts = [Rollout(i, lay.machine_of(i), self.costs, self.engine, self,
+                                 self.p.inference.event_quantum_tokens, self.p.inference.tool_return_quantum_s) for i in range(lay.rollouts)]
         self.workload = Workload(self.p.task(setup.task), setup.seed, self.p.schedule.group_size)
         self.meter = Meter(warmup)
         self.trace: list[tuple[int, str, float, float]] = []
@@ -181,7 +182,8 @@ class Base(Sink):
         return out
 
     def train_time(self, tokens: float, gpus: int) -> float:
-        return train_seconds(self.model, tokens, gpus, self.p)
+        """One training step: ``minibatches`` updates over the step's tokens."""
+        return train_seconds(self.model, tokens, gpus, self.p, self.p.schedule.minibatches)
 
     def record(self, rid: int, kind: str, start: float, end: float) -> None:
         if self.setup.trace and end > start:

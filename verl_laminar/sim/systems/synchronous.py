@@ -70,7 +70,8 @@ def batch_profile(model: str, task: str, seed: int, params: SimParams, tp: int, 
     groups = [wl.group(index * n + i, (index * n + i) * g) for i in range(n)]
     engine, sink = Engine(), _Gen()
     costs = rollout_costs(MODELS[model], tp, params)
-    pool = [Rollout(i, 0, costs, engine, sink, params.inference.event_quantum_tokens) for i in range(rollouts)]
+    inf = params.inference
+    pool = [Rollout(i, 0, costs, engine, sink, inf.event_quantum_tokens, inf.tool_return_quantum_s) for i in range(rollouts)]
     seqs = [s for grp in groups for s in grp.seqs]
     per: list[list[Seq]] = [[] for _ in pool]
     for i, s in enumerate(seqs):  # verl's load balancer spreads requests evenly across servers
@@ -124,8 +125,8 @@ class _Scheduled:
             for rid, last in enumerate(prof.rollout_last):
                 self.trace.append((rid, "gen", t0, t0 + last))
 
-    def train(self, tokens: float, gpus: int) -> float:
-        return train_seconds(self.model, tokens, gpus, self.p)
+    def train(self, tokens: float, gpus: int, updates: int = 1) -> float:
+        return train_seconds(self.model, tokens, gpus, self.p, updates)
 
 
 class Sync(_Scheduled):
@@ -142,7 +143,7 @@ class Sync(_Scheduled):
             prof = self.profile(step)
             self.place(prof, t, step)
             tokens = sum(prof.group_tokens)
-            train = self.train(tokens, lay.gpus)
+            train = self.train(tokens, lay.gpus, s.minibatches)
             gen_total += prof.duration
             start = t + prof.duration + switch
             if self.setup.trace:

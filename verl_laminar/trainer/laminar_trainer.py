@@ -1,0 +1,162 @@
+"""LaminarTrainer: verl's separate_async trainer without its global weight barrier.
+
+Dataflow (verl's fit/step loop is unchanged; only hooks are overridden):
+    init:   standalone replicas (verl) -> relay group + LaminarRouter replaces verl's balancer
+            -> publish v0 to the master relay -> router.start(v0): each replica pulls v0
+    rollout (asynchronously, per replica): router hands whole groups -> pinned generation -> TransferQueue
+    step g: LaminarReplayBuffer.sample (complete, single-version groups) -> verl's PPO update
+            -> on_step_end: publish version g to the master relay, router.on_publish(g); no abort, no
+               resume: each replica pulls g when its own batch ends
+            -> _compute_metrics: router events -> Ledger (one version per trajectory and group, nothing trained
+               twice) -> laminar/* metrics through verl's tracker
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+from verl_laminar import metrics as lm
+from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
+from verl_laminar.trainer import runtime
+
+logger = logging.getLogger(__name__)
+
+
+@register_trainer("laminar")
+class LaminarTrainer(PPOTrainerSeparateAsync):
+    def __init__(self, config: DictConfig) -> None:
+        self.laminar = runtime.prepare_config(config)
+        self.accounting = Accounting()
+        self.router = None
+        self.relay_group = None
+        super().__init__(config)
+
+    # ---- construction ----
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        if type(buffer) is not ReplayBufferAsync:
+            raise TypeError(f"trainer.v1.sampler.custom_sampler gave {type(buffer).__name__}; Laminar samples through "
+                            "LaminarReplayBuffer (complete, single-version groups); remove custom_sampler")
+        from verl_laminar.buffer.replay import LaminarReplayBuffer
+
+        sampler = self.config.trainer.v1.sampler
+        return LaminarReplayBuffer(
+            trainer_mode=self.trainer_mode, trainer_config=self.config.trainer.v1.get(self.trainer_mode, {}),
+            max_off_policy_threshold=None, max_off_policy_strategy=sampler.max_off_policy_strategy,
+            sampler_kwargs=sampler.sampler_kwargs, refill_fn=self._add_prompts_to_generate,
+            filter_groups_metric=buffer.filter_groups_metric,
+            rollout_n=int(self.config.actor_rollout_ref.rollout.n))
+
+    def _setup(self) -> None:
+        import verl.trainer.ppo.v1.trainer_separate_async as sep
+
+        with runtime.logger_accepting_flush(sep):
+            super()._setup()
+        from verl_laminar.rollout.router import spawn_router
+
+        self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])
+        replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
+        gpb = runtime.groups_per_batch(self.config, len(replicas))
+        runtime.check_warmup(self.config, len(replicas), gpb)
+        self.router = spawn_router(replicas, gpb)
+        default = self.standalone_server_manager.global_load_balancer
+        # verl's separate_async and get_client read this attribute; from now on every client sees the router
+        self.standalone_server_manager.global_load_balancer = self.router
+        ray.kill(default)
+        logger.info("laminar: %d standalone replicas, %d groups per replica batch", len(replicas), gpb)
+
+    def get_llm_client(self):
+        from verl_laminar.rollout.client import LaminarLLMServerClient
+
+        return self.standalone_server_manager.get_client(client_cls=LaminarLLMServerClient)
+
+    # ---- weights: publish once, each replica pulls ----
+    def _publish(self, version: int) -> dict:
+        backend = self.config.actor_rollout_ref.rollout.checkpoint_engine.backend
+        out: dict = {}
+        for result in ray.get(self.actor_rollout_wg.update_weights(global_steps=version, mode=backend)):
+            out.update(result or {})
+        self.accounting.throughput.publish(version, time.monotonic())
+        return out
+
+    def on_init_end(self) -> None:
+        version = int(self.global_steps)
+        self._publish(version)
+        versions = ray.get(self.router.start.remote(version))
+        logger.info("laminar: every replica loaded version %d: %s", version, versions)
+
+    def on_train_begin(self) -> None:
+        self._add_async_warmup_batches(OmegaConf.select(self.config, runtime.WARMUP_KEY))
+
+    def on_step_end(self) -> None:
+        if self.prev_step_profile:
+            self._stop_rollout_profiling()
+        self._pending_sync_metrics = self._publish(int(self.global_steps))
+        ray.get(self.router.on_publish.remote(int(self.global_steps)))
+
+    # ---- waits and accounting ----
+    def on_sample_begin(self) -> None:
+        super().on_sample_begin()
+        self.accounting.trainer_wait.begin("trainer", time.monotonic())
+
+    def on_sample_end(self) -> None:
+        super().on_sample_end()
+        self.accounting.trainer_wait.end("trainer", time.monotonic())
+
+    def _apply_router_events(self) -> dict:
+        events = ray.get(self.router.drain_events.remote())
+        if events["violations"]:
+            raise InvariantViolation(f"{len(events['violations'])} rollout invariant violations, first: "
+                                     f"{events['violations'][0]}")
+        ledger = self.accounting.ledger
+        for key, group_id, replica_id, version in events["started"]:
+            ledger.start(key, group_id, replica_id, version)
+        for e in events["finished"]:
+            start = e["start_s"] if e["start_s"] is not None else e["finish_s"]
+            ledger.finish(TrajectoryRecord(e["key"], e["group_id"], e["replica_id"], e["version"],
+                                           min(start, e["finish_s"]), e["finish_s"], e["prompt_tokens"],
+                                           e["response_tokens"], e["n"]))
+        for replica_id, version, t in events["versions"]:
+            self.accounting.replicas.record(replica_id, version, t)
+            logger.info("laminar: replica %d loaded version %d", replica_id, version)
+        return ray.get(self.router.snapshot.remote())
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        snap_router = self._apply_router_events()
+        keys = sorted({k.rsplit("_", 1)[0] for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")})
+        trained = self.accounting.train_step(global_steps, keys)  # raises on unknown or twice-trained keys
+        # the router measured the replicas' refresh time since the last step; fold it in as one interval
+        self.accounting.rollout_wait.begin("replicas", 0.0)
+        self.accounting.rollout_wait.end("replicas", snap_router["rollout_wait_s"])
+        out = lm.snapshot_to_metrics(self.accounting.snapshot(global_steps, trained))
+        stats = self.replay_buffer.experience.stats()
+        out.update(lm.buffer_metrics(stats.ready_groups, stats.partial_groups, stats.duplicates,
+                                     stats.discarded_groups))
+        lm.check_names(out)
+        metrics.update(out)
+        logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,
+                    sorted(r.staleness for r in trained), snap_router["versions"],
+                    self.replay_buffer.checked_trajectories)
+        if global_steps >= self.total_training_steps:
+            self._laminar_shutdown()  # verl's fit returns after the last step without on_train_end
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self._laminar_shutdown()
+
+    def _laminar_shutdown(self) -> None:
+        self.replay_buffer.experience.close()
+        logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
+                    self.accounting.ledger.counts())
+        if self.relay_group is not None:
+            ray.get(self.relay_group.shutdown.remote())
+            self.relay_group = None

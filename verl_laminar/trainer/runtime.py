@@ -1,0 +1,123 @@
+"""Start-up pieces of the Laminar trainer: config preparation, the relay group, the replica handles.
+
+Kept apart from the trainer class so each piece is testable without a Ray cluster or a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+logger = logging.getLogger(__name__)
+
+AGENT_LOOP_MANAGER = "verl_laminar.rollout.agent_loop.LaminarAgentLoopManager"
+SYNC_STEP_KEY = "trainer.v1.laminar.parameter_sync_step"
+WARMUP_KEY = "trainer.v1.laminar.num_warmup_batches"
+GROUPS_PER_BATCH_KEY = "laminar.dispatch.groups_per_batch"
+
+# Runtime keys +laminar=enabled should carry; filled here (and logged) when a config lacks them, so the
+# trainer runs on any composition that selected trainer_mode=laminar.
+RUNTIME_DEFAULTS: dict[str, Any] = {
+    "actor_rollout_ref.rollout.agent.agent_loop_manager_class": AGENT_LOOP_MANAGER,
+    SYNC_STEP_KEY: 1,
+    WARMUP_KEY: 2,
+}
+
+
+def prepare_config(config: DictConfig) -> Any:
+    """Validate the laminar block and align verl's keys with it; returns the typed ``LaminarConfig``."""
+    from verl_laminar.config import validate_and_migrate
+
+    lam = validate_and_migrate(config)
+    if bool(OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True)):
+        raise ValueError("actor_rollout_ref.hybrid_engine=True: Laminar's rollouts are standalone replicas that "
+                         "never pause for training; set actor_rollout_ref.hybrid_engine=False and give them "
+                         "devices with actor_rollout_ref.rollout.nnodes / n_gpus_per_node")
+    with open_dict(config):
+        for key, value in RUNTIME_DEFAULTS.items():
+            if OmegaConf.select(config, key, default=None) is None:
+                logger.info("laminar: %s not set; using %r", key, value)
+                OmegaConf.update(config, key, value, force_add=True)
+        manager = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class")
+        if manager != AGENT_LOOP_MANAGER:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager!r}: Laminar needs "
+                             f"{AGENT_LOOP_MANAGER} (it pins every request of a group to one replica and version)")
+        # verl's separate_async base reads its own keys; one source of truth: trainer.v1.laminar
+        for key in ("parameter_sync_step", "num_warmup_batches"):
+            value = OmegaConf.select(config, f"trainer.v1.laminar.{key}")
+            OmegaConf.update(config, f"trainer.v1.separate_async.{key}", value, force_add=True)
+        # verl's staleness bound counts steps since submission and would drop or block; Laminar measures n - j
+        OmegaConf.update(config, "trainer.v1.sampler.max_off_policy_threshold", None, force_add=True)
+    return lam
+
+
+def groups_per_batch(config: DictConfig, replicas: int) -> int:
+    """A replica's share of one training step unless set: ceil(train_batch_size / replicas)."""
+    value: Optional[int] = OmegaConf.select(config, GROUPS_PER_BATCH_KEY, default=None)
+    if value is None:
+        value = math.ceil(int(config.data.train_batch_size) / replicas)
+    if int(value) < 1:
+        raise ValueError(f"{GROUPS_PER_BATCH_KEY}={value}: must be >= 1")
+    return int(value)
+
+
+def check_warmup(config: DictConfig, replicas: int, gpb: int) -> None:
+    """Enough prompts outstanding that no replica idles while its batch has room (design §8)."""
+    need = math.ceil(replicas * gpb / int(config.data.train_batch_size)) + 1
+    have = OmegaConf.select(config, WARMUP_KEY)
+    if have < need:
+        logger.warning("%s=%s < %d: replicas may idle for lack of prompts (%d replicas x %d groups per batch)",
+                       WARMUP_KEY, have, need, replicas, gpb)
+
+
+def replica_handles(replicas: list) -> list:
+    """What the router needs of each verl RolloutReplica."""
+    from verl_laminar.rollout.router import ReplicaHandles
+
+    return [ReplicaHandles(replica_id=int(r.replica_rank), address=r.server_address, server=r.server_handle,
+                           workers=tuple(r.workers)) for r in replicas]
+
+
+def _node_of(actor: Any) -> str:
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+
+
+def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None) -> Any:
+    """One relay per alive Ray node; the master is the one on trainer rank 0's node."""
+    import ray
+
+    from verl_laminar.relay.group import DEFAULT_GROUP_NAME, RelayGroup
+
+    name = group_name or DEFAULT_GROUP_NAME
+    nodes = {f"relay{i}": (n["NodeID"], n["NodeManagerAddress"])
+             for i, n in enumerate(sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"]))}
+    master_node = _node_of(trainer_rank0)
+    master = next(rid for rid, (nid, _) in nodes.items() if nid == master_node)
+    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name)
+    plan = ray.get(group.spawn.remote(nodes, master=master))
+    logger.info("relay group %s: %d relays, master %s, chain %s", name, len(nodes), master, plan)
+    return group
+
+
+class _DropPrintKwargs(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+@contextlib.contextmanager
+def logger_accepting_flush(module: Any):
+    """verl 0.9.1's separate_async ``_setup`` passes print's ``flush=True`` to ``logger.info`` in its
+    ``hybrid_engine=False`` branch (trainer_separate_async.py:181), a TypeError; scoped to that one call."""
+    original = module.logger
+    module.logger = _DropPrintKwargs(original, {})
+    try:
+        yield
+    finally:
+        module.logger = original
