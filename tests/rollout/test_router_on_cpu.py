@@ -140,3 +140,44 @@ def test_failed_refresh_fails_waiting_groups_loudly():
             await router.assign_group("g3", 1)
 
     asyncio.run(main())
+
+
+def test_close_stops_refreshes_and_dispatch():
+    async def main():
+        router, servers, loads = make_router(n_replicas=1, gpb=1)
+        await router.start(0)
+        await router.assign_group("g1", 1)
+        waiting = asyncio.ensure_future(router.assign_group("g2", 1))
+        await router.close()
+        await router.on_publish(1)
+        await router.finish_group("g1")
+        await asyncio.sleep(0.01)
+        assert router.versions() == {0: 0} and not waiting.done()
+        waiting.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_version_not_yet_readable_on_the_relay_is_retried():
+    from verl_laminar.relay.store import VersionGoneError
+
+    async def main():
+        tries = []
+
+        async def slow_relay(replica, version):
+            tries.append(version)
+            if version == 1 and len(tries) < 4:
+                raise VersionGoneError("version 1 is not readable yet")
+            replica.server.version = version
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=slow_relay)
+        await router.start(0)
+        await router.on_publish(1)
+        for _ in range(100):
+            if router.versions() == {0: 1}:
+                break
+            await asyncio.sleep(0.05)
+        assert router.versions() == {0: 1} and tries.count(1) == 3
+        assert (await router.assign_group("g", 1)).version == 1
+
+    asyncio.run(main())

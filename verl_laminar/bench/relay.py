@@ -93,6 +93,9 @@ class Bench:
         return procs
 
     def _stop(self, procs: list[RelayProcess], run: str) -> None:
+        for pr in procs:  # all quiet first: versions still in flight are torn on purpose
+            if pr.alive():
+                pr.call("quiesce")
         for pr in procs:
             pr.stop()
             self.procs.remove(pr)
@@ -211,7 +214,11 @@ def _plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("seconds")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ps, [str(p) for p in ps])
-    ax.set_ylim(bottom=0)
+    top = max(max(r["t_broadcast_s"], r["t_model_s"]) for r in rows)
+    ax.set_ylim(0, top * 1.25)
+    for r in rows:
+        ax.annotate(f"{r['ratio']:.3f}x", (r["relays"], r["t_broadcast_s"]), textcoords="offset points",
+                    xytext=(0, 8), ha="center", fontsize=8)
     ax.set_title(f"chain broadcast of {rows[0]['bytes'] // MB} MB at {rows[0]['link_mbps']} Mbit/s per link")
     ax.legend()
     fig.tight_layout()

@@ -4,7 +4,8 @@ Dataflow: newest InFlight (or committed) version --BEGIN--> downstream; ACCEPT -
 until it is ready here, send it (sendfile from this relay's own handle on the staging file); END;
 the downstream answers END once it has committed. SKIP means the downstream already holds it.
 
-Failure: a send/connect error means the downstream is gone. The forwarder drops it from its plan
+Failure: a send/connect error and no answer to a PING mean the downstream is gone (one that answers
+rejected this transfer, e.g. a bad chunk, and gets it again). The forwarder drops it from its plan
 (``rebuild_chain``, pure), records the event, tells the observer (the relay group), and pushes the
 newest version from chunk 0 to the new downstream (the dead relay's own downstream). A torn source
 (``Superseded``) restarts the push with whatever replaced it.
@@ -36,6 +37,7 @@ class Forwarder:
         self._on_change = on_chain_change
         self._sent: dict[str, int] = {}  # downstream id -> newest version it acknowledged
         self._pending_rebuild: Optional[dict] = None
+        self._failures: dict[str, int] = {}  # downstream id -> consecutive failed pushes while it was alive
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"relay-{relay.relay_id}-forward", daemon=True)
         self._thread.start()
@@ -78,8 +80,16 @@ class Forwarder:
             d, version, inflight = job
             try:
                 self._push(d, version, inflight)
+                self._failures.pop(d, None)
             except TransportError as e:
-                if not self._closed:
+                if self._closed:
+                    return
+                if self._alive(d):  # it rejected this transfer (e.g. a bad chunk) but is there: retry
+                    n = self._failures[d] = self._failures.get(d, 0) + 1
+                    logger.warning("relay %s: push of v%d to live %s failed (%s), retry %d", self.relay.relay_id,
+                                   version, d, e, n)
+                    time.sleep(min(1.0, 0.05 * 2**n))
+                else:
                     self._drop(d, e)
             except (Superseded, VersionGoneError, FileNotFoundError) as e:
                 logger.debug("relay %s: restarting push of v%d to %s: %s", self.relay.relay_id, version, d, e)
@@ -92,7 +102,7 @@ class Forwarder:
         else:
             manifest = relay.reader().manifest(version)
             path = relay.store.get(version).path
-        file = open(path, "rb")  # our own handle: stays valid across the staging -> version rename
+        file = open(path, "rb", buffering=0)  # our own handle: valid across the staging -> version rename
         ch = relay.transport.connect(self.addresses[d], timeout=relay.io_timeout_s)
         try:
             ch.settimeout(relay.io_timeout_s)
@@ -117,6 +127,21 @@ class Forwarder:
         finally:
             ch.close()
             file.close()
+
+    def _alive(self, d: str) -> bool:
+        """Does ``d`` still answer a PING? (A refused or reset connection means its process is gone.)"""
+        try:
+            ch = self.relay.transport.connect(self.addresses[d], timeout=0.5)
+        except TransportError:
+            return False
+        try:
+            ch.settimeout(0.5)
+            ch.send(Frame(Kind.PING))
+            return ch.recv_header().kind == Kind.PONG
+        except TransportError:
+            return False
+        finally:
+            ch.close()
 
     def _drop(self, d: str, err: Exception) -> None:
         t_detect = time.time()

@@ -116,6 +116,11 @@ class Relay:
                 self._cond.wait(min(left, 0.2))
         return True
 
+    def quiesce(self) -> None:
+        """Stop forwarding and treat transfers torn from now on as expected (a group shutting down)."""
+        self._closed = True
+        self.forwarder.close()
+
     def close(self, destroy: bool = False) -> None:
         self._closed = True
         self._listener.close()
@@ -244,7 +249,8 @@ class Relay:
             self._commit(f)
             ch.send(Frame(Kind.END, version=m.version))
         except (TransportError, TornTransferError, IndexError, ValueError) as e:
-            logger.warning("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
+            log = logger.debug if self._closed else logger.warning
+            log("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
             with self._cond:
                 if self._inflight.get(m.version) is f:
                     del self._inflight[m.version]

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 _CALLABLE = {"address", "info", "ping", "set_chain", "chain", "newest", "versions", "describe", "timings",
              "events", "progress", "wait_version", "begin_publish", "end_publish", "hash_version",
              "probe_latency", "probe_copy", "prepare_publish", "publish_prepared",
-             "cpu_stats"}
+             "cpu_stats", "quiesce"}
 _AUTH_ENV = "LAMINAR_RELAY_AUTHKEY"
 
 

@@ -31,6 +31,11 @@ _START_S: dict[str, float] = {}  # uid -> when its group got a replica (per work
 class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     _laminar_router_handle = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Without an __init__ of its own, a subclass of a Ray actor's plain class fails inside the base's
+        # zero-argument super() once Ray builds the actor (Ray 2.60); defining it keeps the chain intact.
+        super().__init__(*args, **kwargs)
+
     def _laminar_router(self) -> Any:
         if self._laminar_router_handle is None:
             self._laminar_router_handle = ray.get_actor(ROUTER_NAME)

@@ -63,12 +63,14 @@ async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
 class LaminarRouter:
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 not_yet_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
         self._refresher = refresher or _default_refresher
         self._drain_timeout_s, self._clock = drain_timeout_s, clock
+        self._not_yet_s = not_yet_s  # how long a published version may stay unreadable on a relay
+        self._not_yet_since: dict[int, float] = {}  # replica -> first failed load of a not-yet-readable version
         self._state = initial_state(self._replicas, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
@@ -81,6 +83,7 @@ class LaminarRouter:
         self._rollout_wait_s = 0.0
         self._refreshes = 0
         self._error: Optional[BaseException] = None
+        self._closed = False
 
     # ---- trainer side ----
     async def on_publish(self, version: int) -> None:
@@ -99,6 +102,12 @@ class LaminarRouter:
                 raise TimeoutError(f"replicas did not load version {version} in {timeout_s} s: {self.versions()}")
             await asyncio.sleep(0.05)
         return self.versions()
+
+    async def close(self, timeout_s: float = 60.0) -> None:
+        """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
+        self._closed = True
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
     def drain_events(self) -> dict[str, list]:
         out, self._events = self._events, {k: [] for k in self._events}
@@ -204,8 +213,8 @@ class LaminarRouter:
             raise RuntimeError(f"the router stopped after a failed refresh: {self._error!r}") from self._error
 
     def _pump(self) -> None:
-        if self._published is None:
-            return  # nothing published: replicas hold no weights yet
+        if self._published is None or self._closed:
+            return  # nothing published yet (replicas hold no weights), or shutting down
         plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)
@@ -230,8 +239,14 @@ class LaminarRouter:
                 await asyncio.sleep(0.01)
             await self._refresher(self._replicas[d.replica_id], d.to_version)
         except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
-            logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
             self._state = abandon_refresh(self._state, d.replica_id)
+            since = self._not_yet_since.setdefault(d.replica_id, t0)
+            if _not_readable_yet(e) and self._clock() - since < self._not_yet_s:
+                # the trainer's publish returns before the relay commits the version: try again shortly
+                await asyncio.sleep(0.2)
+                self._pump()
+                return
+            logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
             self._error = e
             for fut in self._waiters.values():
                 if not fut.done():
@@ -239,12 +254,20 @@ class LaminarRouter:
             self._waiters.clear()
             return
         t1 = self._clock()
+        t0 = self._not_yet_since.pop(d.replica_id, t0)
         self._state = complete_refresh(self._state, d.replica_id, d.to_version)
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
         self._events["versions"].append((d.replica_id, d.to_version, t1))
         logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, d.to_version, t1 - t0)
         self._pump()
+
+
+def _not_readable_yet(e: BaseException) -> bool:
+    from verl_laminar.relay.store import VersionGoneError
+
+    # Ray re-raises a remote VersionGoneError as a subclass of it
+    return isinstance(e, VersionGoneError)
 
 
 def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, max_concurrency: int = 10_000,

@@ -22,9 +22,9 @@ logger = logging.getLogger(__name__)
 
 # GPU counts per model. The paper spans 8-GPU machines up to 1,024 GPUs with each model starting at
 # the smallest cluster that holds its trainer and rollouts; the exact cells are our choice.
-MATH_GRID: dict[str, tuple[int, ...]] = {"7b": (32, 64, 128, 256), "32b": (64, 128, 256, 512), "72b": (128, 256, 512, 1024)}
+MATH_GRID: dict[str, tuple[int, ...]] = {"7b": (16, 32, 64, 128), "32b": (64, 128, 256, 512), "72b": (128, 256, 512, 1024)}
 # Tool calling: the smallest and largest cluster per model (enough for averages and strong scaling).
-TOOL_GRID: dict[str, tuple[int, ...]] = {"7b": (32, 256), "32b": (64, 512)}
+TOOL_GRID: dict[str, tuple[int, ...]] = {"7b": (16, 128), "32b": (64, 512)}
 
 # What the paper reports (Sheng et al., Laminar), for the comparison table.
 PAPER = {

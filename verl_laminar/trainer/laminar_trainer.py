@@ -14,6 +14,7 @@ Dataflow (verl's fit/step loop is unchanged; only hooks are overridden):
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ from verl_laminar.policy.accounting import Accounting, InvariantViolation, Traje
 from verl_laminar.trainer import runtime
 
 logger = logging.getLogger(__name__)
+# the per-step Laminar summary is part of the run's record, as verl's own INFO lines are
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
 
 @register_trainer("laminar")
@@ -157,6 +160,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.replay_buffer.experience.close()
         logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
                     self.accounting.ledger.counts())
+        if self.router is not None:
+            ray.get(self.router.close.remote())  # no replica may start a load from a relay about to go
         if self.relay_group is not None:
             ray.get(self.relay_group.shutdown.remote())
             self.relay_group = None

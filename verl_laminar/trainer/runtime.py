@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import uuid
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -95,7 +96,9 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None) -> Any:
     from verl_laminar.relay.group import DEFAULT_GROUP_NAME, RelayGroup
 
     name = group_name or DEFAULT_GROUP_NAME
-    nodes = {f"relay{i}": (n["NodeID"], n["NodeManagerAddress"])
+    # relay ids name the host-memory stores: unique per run, so two runs on one host never share a store
+    run = uuid.uuid4().hex[:8]
+    nodes = {f"relay{i}-{run}": (n["NodeID"], n["NodeManagerAddress"])
              for i, n in enumerate(sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"]))}
     master_node = _node_of(trainer_rank0)
     master = next(rid for rid, (nid, _) in nodes.items() if nid == master_node)

@@ -29,6 +29,8 @@ class AsyncBase(Base):
         self.buffer_cap = max(1, int(s.async_buffer_steps * s.prompts_per_step))  # groups
         self.target_groups = max(1, math.ceil(s.prompts_per_step / len(self.rollouts)))
         self.buffer: deque[Group] = deque()
+        self.records: list[tuple[float, int, int, int, int, int]] = []  # traced: (t, sid, gid, first, last version, staleness)
+        self.consumed: list[int] = []  # group ids the trainer took, in order
         self.version = 0
         self.training = False
         self._train_end = 0.0
@@ -76,7 +78,11 @@ class AsyncBase(Base):
         return seqs
 
     def on_seq_done(self, r: Rollout, seq: Seq, t: float) -> None:
-        self.meter.finished.append((t, seq.gen_tokens, staleness(seq.first_version, self.version)))
+        # the runtime's measurement: the trainer's version counter now, minus the generating version
+        stale = staleness(seq.first_version, self.version)
+        self.meter.finished.append((t, seq.gen_tokens, stale))
+        if self.setup.trace:
+            self.records.append((t, seq.sid, seq.group.gid, seq.first_version, seq.version, stale))
         self.meter.latency.append((t, t - seq.start))
         grp = seq.group
         grp.left -= 1
@@ -92,6 +98,7 @@ class AsyncBase(Base):
             self.engine.at(self._blocked_until, self.try_train, self._blocked_until)
             return
         groups = [self.buffer.popleft() for _ in range(self.batch_groups)]
+        self.consumed.extend(g.gid for g in groups)
         tokens = sum(g.tokens for g in groups)
         self.meter.step_tokens.append(tokens)
         self.meter.idle.append((self._idle_since, t))
