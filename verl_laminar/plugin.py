@@ -51,9 +51,24 @@ def _register_cpu_platform() -> str:
     return "active"
 
 
+def _register_relay_backend() -> str:
+    # Deferred until verl imports its checkpoint engines: the backend pulls in verl's rollout utilities, which
+    # processes that never sync weights (reward workers, the driver) should not pay for at ``import verl``.
+    from verl_laminar.patches.import_hook import on_import
+
+    def _register(_module) -> None:
+        from verl_laminar.relay.verl_backend import register_relay_backend
+
+        register_relay_backend()
+
+    on_import("verl.checkpoint_engine", _register)
+    return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
+
+
 # Ordered registration steps: (component name, function returning a description).
 _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
     ("platform:cpu", _register_cpu_platform),
+    ("checkpoint_engine:laminar", _register_relay_backend),
 ]
 
 

@@ -23,12 +23,17 @@ def test_import_verl_registers_cpu_platform_in_a_fresh_process():
         "from verl_laminar.plugin import check_registered\n"
         "print(sorted(check_registered()))\n"
         "p = get_platform(); print(type(p).__name__, p.device_name, p.communication_backend_name())\n"
+        "import sys; print('verl.checkpoint_engine' in sys.modules)\n"
+        "from verl.checkpoint_engine.base import CheckpointEngineRegistry\n"
+        "print(CheckpointEngineRegistry.get('laminar').__name__)\n"
     )
     out = run_py(code)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-2] == "['platform:cpu']"
-    assert lines[-1] == "PlatformCPU cpu gloo"
+    assert lines[-4] == "['checkpoint_engine:laminar', 'platform:cpu']"
+    assert lines[-3] == "PlatformCPU cpu gloo"
+    assert lines[-2] == "False"  # deferred: plain `import verl` does not pull in the checkpoint engines
+    assert lines[-1] == "RelayCheckpointEngine"
 
 
 def test_cpu_platform_switch_off_keeps_verl_untouched():

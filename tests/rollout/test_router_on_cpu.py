@@ -158,26 +158,40 @@ def test_close_stops_refreshes_and_dispatch():
     asyncio.run(main())
 
 
-def test_a_version_not_yet_readable_on_the_relay_is_retried():
-    from verl_laminar.relay.store import VersionGoneError
+def test_a_refresh_waits_until_the_relay_has_committed_the_version():
+    class Relay:
+        def __init__(self):
+            self.calls = 0
+
+        async def _newest(self):
+            self.calls += 1
+            return 0 if self.calls < 3 else 1
+
+        @property
+        def newest(self):
+            outer = self
+
+            class M:
+                def remote(self):
+                    return outer._newest()
+            return M()
 
     async def main():
         tries = []
 
-        async def slow_relay(replica, version):
+        async def loader(replica, version):
             tries.append(version)
-            if version == 1 and len(tries) < 4:
-                raise VersionGoneError("version 1 is not readable yet")
             replica.server.version = version
 
-        router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=slow_relay)
+        relay = Relay()
+        router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=loader,
+                               relays={0: relay})
         await router.start(0)
         await router.on_publish(1)
         for _ in range(100):
             if router.versions() == {0: 1}:
                 break
             await asyncio.sleep(0.05)
-        assert router.versions() == {0: 1} and tries.count(1) == 3
-        assert (await router.assign_group("g", 1)).version == 1
+        assert router.versions() == {0: 1} and tries == [0, 1] and relay.calls >= 3
 
     asyncio.run(main())

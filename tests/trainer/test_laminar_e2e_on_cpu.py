@@ -58,5 +58,5 @@ def test_every_step_trains_with_laminar_metrics(laminar_run):
 
 def test_replicas_refresh_independently(laminar_run):
     loads = re.findall(r"laminar: replica (\d+) loaded version (\d+)", laminar_run)
-    assert loads, "no replica refresh logged"
+    assert any(int(v) >= 1 for _, v in loads), f"no replica pulled a trained version: {loads}"
     assert "InvariantViolation" not in laminar_run

@@ -208,6 +208,11 @@ class RelayGroup:
 
 
 def _remove_store(root: str) -> None:
+    import os
     import shutil
 
     shutil.rmtree(root, ignore_errors=True)
+    try:  # the shared parent goes with its last store
+        os.rmdir(os.path.dirname(root))
+    except OSError:
+        pass

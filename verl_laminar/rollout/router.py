@@ -63,14 +63,15 @@ async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
 class LaminarRouter:
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
-                 not_yet_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 not_yet_s: float = 120.0, relays: Optional[dict] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
         self._refresher = refresher or _default_refresher
         self._drain_timeout_s, self._clock = drain_timeout_s, clock
         self._not_yet_s = not_yet_s  # how long a published version may stay unreadable on a relay
-        self._not_yet_since: dict[int, float] = {}  # replica -> first failed load of a not-yet-readable version
+        self._relays = dict(relays or {})  # replica -> its machine-local relay actor (has newest())
         self._state = initial_state(self._replicas, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
@@ -228,6 +229,20 @@ class LaminarRouter:
                     self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
             self._waiters.pop(a.group_id).set_result(a)
 
+    async def _wait_readable(self, replica_id: int, version: int) -> None:
+        """The trainer's publish returns before the relay has committed the version. A load must not start
+        earlier: a failed read after verl's weight-transfer handshake leaves the vLLM receiver out of step."""
+        relay = self._relays.get(replica_id)
+        t0 = self._clock()
+        while relay is not None:
+            newest = await relay.newest.remote()
+            if newest is not None and newest >= version:
+                return
+            if self._clock() - t0 > self._not_yet_s:
+                raise TimeoutError(f"version {version} not committed on replica {replica_id}'s relay after "
+                                   f"{self._not_yet_s} s (newest {newest})")
+            await asyncio.sleep(0.1)
+
     async def _refresh(self, d: RefreshDecision) -> None:
         t0 = self._clock()
         try:
@@ -237,15 +252,10 @@ class LaminarRouter:
                     raise RuntimeError(f"replica {d.replica_id} still has {self._inflight[d.replica_id]} requests "
                                        f"in flight {self._drain_timeout_s} s after its batch ended")
                 await asyncio.sleep(0.01)
+            await self._wait_readable(d.replica_id, d.to_version)
             await self._refresher(self._replicas[d.replica_id], d.to_version)
         except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
             self._state = abandon_refresh(self._state, d.replica_id)
-            since = self._not_yet_since.setdefault(d.replica_id, t0)
-            if _not_readable_yet(e) and self._clock() - since < self._not_yet_s:
-                # the trainer's publish returns before the relay commits the version: try again shortly
-                await asyncio.sleep(0.2)
-                self._pump()
-                return
             logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
             self._error = e
             for fut in self._waiters.values():
@@ -254,7 +264,6 @@ class LaminarRouter:
             self._waiters.clear()
             return
         t1 = self._clock()
-        t0 = self._not_yet_since.pop(d.replica_id, t0)
         self._state = complete_refresh(self._state, d.replica_id, d.to_version)
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
@@ -263,17 +272,10 @@ class LaminarRouter:
         self._pump()
 
 
-def _not_readable_yet(e: BaseException) -> bool:
-    from verl_laminar.relay.store import VersionGoneError
-
-    # Ray re-raises a remote VersionGoneError as a subclass of it
-    return isinstance(e, VersionGoneError)
-
-
-def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, max_concurrency: int = 10_000,
-                 name: str = ROUTER_NAME) -> Any:
+def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
+                 max_concurrency: int = 10_000, name: str = ROUTER_NAME) -> Any:
     """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue."""
     import ray
 
     return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
-        replicas, groups_per_batch)
+        replicas, groups_per_batch, relays=relays)

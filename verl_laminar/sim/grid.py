@@ -58,6 +58,13 @@ def jobs(seed: int, p: SimParams, cells: Optional[Iterable[tuple[str, str, int]]
     return [Job(t, m, g, f, seed, p) for f in fams for (t, m, g) in cells]
 
 
+def _ablate(job: Job) -> bool:
+    """Ablations run at each model's smallest and largest cluster (they need no split search)."""
+    grid = MATH_GRID if job.task == "math" else TOOL_GRID
+    sizes = grid.get(job.model, (job.gpus,))
+    return job.gpus in (min(sizes), max(sizes))
+
+
 def run_job(job: Job) -> list[dict]:
     t0 = time.perf_counter()
     systems = {"sync": ["sync"], "pipelined": ["one_step", "streaming"], "areal": ["areal"], "laminar": ["laminar"]}
@@ -65,7 +72,7 @@ def run_job(job: Job) -> list[dict]:
     for system in systems[job.family]:
         sr = best_split(system, job.model, job.task, job.gpus, job.seed, job.params)
         out.append(_row(sr.best, sr.tried))
-        if system == "laminar":  # ablations at Laminar's own split: a paired comparison
+        if system == "laminar" and _ablate(job):  # ablations at Laminar's own split: a paired comparison
             lay = default_layout(job.model, job.gpus, sr.best.trainer_gpus, job.params)
             for abl in LAMINAR_ABLATIONS:
                 out.append(_row(simulate(abl, Setup(job.model, job.task, lay, job.seed, job.params)), {}))

@@ -71,7 +71,7 @@ class Inference:
     # decode steps of each other are retired in one event (each at most this many steps late).
     event_quantum_tokens: float = 32.0
     # Likewise, tool answers are delivered on a grid of this many seconds (each at most that late).
-    tool_return_quantum_s: float = 0.25
+    tool_return_quantum_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class Schedule:
     # rule for both -- assumption (swept).
     async_buffer_steps: float = 1.0
     sync_steps: int = 3  # steps simulated; every step of a synchronous system is alike
-    pipeline_steps: int = 6  # one-step-stale / streaming: publications simulated; the first is warm-up
+    pipeline_steps: int = 5  # one-step-stale / streaming: publications simulated; the first is warm-up
     pipeline_warmup: int = 1
     async_steps: int = 6  # Laminar / AReaL: publications simulated; the first few fill the pipeline
     async_warmup: int = 2

@@ -69,7 +69,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
         gpb = runtime.groups_per_batch(self.config, len(replicas))
         runtime.check_warmup(self.config, len(replicas), gpb)
-        self.router = spawn_router(replicas, gpb)
+        self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas))
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router

@@ -124,3 +124,14 @@ def logger_accepting_flush(module: Any):
         yield
     finally:
         module.logger = original
+
+
+def replica_relays(group: Any, replicas: list) -> dict:
+    """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from)."""
+    import ray
+
+    out = {}
+    for r in replicas:
+        relay_id = ray.get(group.relay_on_node.remote(_node_of(r.workers[0])))
+        out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
+    return out

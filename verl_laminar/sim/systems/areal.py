@@ -20,6 +20,7 @@ class AReaL(AsyncBase):
         lay = setup.layout
         self.bcast = g2g_broadcast(self.model, lay.tp, lay.rollouts, self.p)
         self.mixed = 0
+        self._since = [0.0] * len(self.rollouts)  # when each rollout last resumed generating (trace)
         self.done_trajectories = 0
 
     def start(self, t: float) -> None:
@@ -48,8 +49,10 @@ class AReaL(AsyncBase):
     def on_train_end(self, t: float) -> None:
         # every rollout takes part in the broadcast, then rebuilds all its caches with the new weights
         for r in self.rollouts:
+            self.record(r.rid, "gen", self._since[r.rid], t)
             r.interrupt(self.version + 1, self.bcast)
             self.record(r.rid, "interrupt", t, r.t)
+            self._since[r.rid] = r.t
 
     def finish(self) -> Result:
         res = self.meter.result("areal", self.setup, events=self.engine.events)
