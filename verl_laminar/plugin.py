@@ -8,7 +8,8 @@ ERROR before re-raising, and :func:`check_registered` lets any caller (our train
 What is registered:
 * the ``cpu`` platform in verl's ``PlatformRegistry`` (selected automatically on hosts without an accelerator,
   or by ``LAMINAR_CPU_PLATFORM=1`` / ``VERL_PLATFORM=cpu``), and, when it is active, the CPU patches;
-* components of later subsystems add themselves to ``_COMPONENTS`` below.
+* the relay checkpoint engine ``laminar`` and the trainer mode ``laminar``, each registered when verl first
+  imports the module it extends (so ``import verl`` stays as cheap as without the plugin).
 """
 
 from __future__ import annotations
@@ -65,10 +66,18 @@ def _register_relay_backend() -> str:
     return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
 
 
+def _register_laminar_trainer() -> str:
+    # Deferred until verl imports its v1 trainers (what TaskRunnerV1 does before get_trainer_cls).
+    from verl_laminar.trainer import install
+
+    return install()
+
+
 # Ordered registration steps: (component name, function returning a description).
 _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
     ("platform:cpu", _register_cpu_platform),
     ("checkpoint_engine:laminar", _register_relay_backend),
+    ("trainer:laminar", _register_laminar_trainer),
 ]
 
 

@@ -26,14 +26,17 @@ def test_import_verl_registers_cpu_platform_in_a_fresh_process():
         "import sys; print('verl.checkpoint_engine' in sys.modules)\n"
         "from verl.checkpoint_engine.base import CheckpointEngineRegistry\n"
         "print(CheckpointEngineRegistry.get('laminar').__name__)\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "print(get_trainer_cls('laminar').__name__)\n"
     )
     out = run_py(code)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-4] == "['checkpoint_engine:laminar', 'platform:cpu']"
-    assert lines[-3] == "PlatformCPU cpu gloo"
-    assert lines[-2] == "False"  # deferred: plain `import verl` does not pull in the checkpoint engines
-    assert lines[-1] == "RelayCheckpointEngine"
+    assert lines[-5] == "['checkpoint_engine:laminar', 'platform:cpu', 'trainer:laminar']"
+    assert lines[-4] == "PlatformCPU cpu gloo"
+    assert lines[-3] == "False"  # deferred: plain `import verl` does not pull in the checkpoint engines
+    assert lines[-2] == "RelayCheckpointEngine"
+    assert lines[-1] == "LaminarTrainer"
 
 
 def test_cpu_platform_switch_off_keeps_verl_untouched():
