@@ -12,7 +12,7 @@ import dataclasses as dc
 import multiprocessing as mp
 from typing import Callable
 
-from verl_laminar.policy.roofline import Efficiency
+from verl_laminar.policy.roofline import H200
 from verl_laminar.sim.params import P99_OVER_MEDIAN_SIGMA, SimParams
 from verl_laminar.sim.search import best_split
 from verl_laminar.sim.systems import BASELINES, Setup, default_layout, simulate
@@ -57,7 +57,7 @@ VARIATIONS: dict[str, Callable[[SimParams], SimParams]] = {
     "g2g_via_storage_20s": lambda p: _net(p, g2g_fixed_s=20.0),
     "async_buffer_0.5_steps": lambda p: _sched(p, async_buffer_steps=0.5),
     "async_buffer_2_steps": lambda p: _sched(p, async_buffer_steps=2.0),
-    "h200": lambda p: dc.replace(p, device=__import__("verl_laminar.policy.roofline", fromlist=["H200"]).H200),
+    "h200": lambda p: dc.replace(p, device=H200),
 }
 
 
@@ -104,4 +104,4 @@ def sweep(seed: int, p: SimParams, workers: int = 2) -> dict:
             "splits": {f"{c[1]}@{c[2]}:{s}": tg for (c, s), tg in splits.items()}, "variations": out}
 
 
-__all__ = ["CELLS", "VARIATIONS", "sweep", "Efficiency"]
+__all__ = ["CELLS", "VARIATIONS", "sweep"]
