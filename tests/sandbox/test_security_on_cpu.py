@@ -57,13 +57,13 @@ def test_cannot_read_host_file_outside_allowlist(sandbox, tmp_path):
     token = uuid.uuid4().hex
     secret.write_text(token)
     code = (
-        "paths = [%r, '/proc/1/root' + %r, '/etc/shadow', '/etc/hostname', '/root/.bashrc']\n"
+        "paths = [%r, '/proc/1/root' + %r, '/etc/shadow', '/etc/hostname', %r]\n"
         "for p in paths:\n"
         "    try:\n"
         "        print('READ', p, open(p).read())\n"
         "    except OSError as e:\n"
         "        print('DENIED', p, type(e).__name__)\n"
-    ) % (str(secret), str(secret))
+    ) % (str(secret), str(secret), os.path.join(os.path.expanduser("~"), ".bashrc"))
     result = sandbox.run(code)
     assert result.ok, result.stderr
     assert token not in result.stdout
@@ -75,7 +75,7 @@ def test_cannot_write_outside_temp_dir(sandbox, tmp_path):
     host_target = tmp_path / "escape.txt"
     code = (
         "import os\n"
-        "for p in [%r, '/usr/escape', '/escape', '/sandbox/escape', '/proc/1/root/usr/escape']:\n"
+        "for p in [%r, '/usr/escape', '/escape', '/sandbox/escape', '/proc/1/root' + '/usr/escape']:\n"
         "    try:\n"
         "        open(p, 'w').write('x')\n"
         "        print('WROTE', p)\n"
