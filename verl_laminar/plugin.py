@@ -58,6 +58,9 @@ def _register_relay_backend() -> str:
     from verl_laminar.patches.import_hook import on_import
 
     def _register(_module) -> None:
+        if "verl_laminar.relay.verl_backend" in sys.modules:
+            # That module's own import triggered this hook; it registers itself when its import completes.
+            return
         from verl_laminar.relay.verl_backend import register_relay_backend
 
         register_relay_backend()

@@ -7,60 +7,17 @@
 #
 # Resources: 1 FSDP rank for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-PY=${PY:-$repo/.venv/bin/python}
-MODEL=${MODEL:-$("$PY" -c 'from verl_laminar.fixtures import model_dir; print(model_dir())')}
-DATA=${DATA:-$repo/verl_laminar/data/toy_math}
-STEPS=${STEPS:-3}
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
-BATCH=${BATCH:-8}              # prompts per step (as the sync baseline)
-GROUP=${GROUP:-4}              # responses per prompt (GRPO group)
-RESP=${RESP:-128}              # max response tokens
-OUT=${OUT:-$repo/runs/cpu_laminar}
-
-if [ ! -f "$MODEL/MANIFEST.json" ]; then
-  echo "fixture model missing at $MODEL; build it with: $PY -m verl_laminar.fixtures" >&2
-  exit 2
-fi
-mkdir -p "$OUT"
-export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_laminar}
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 exec "$PY" -m verl.trainer.main_ppo \
   +laminar=enabled \
-  algorithm.adv_estimator=grpo \
-  algorithm.use_kl_in_reward=False \
-  data.train_files="$DATA/train.parquet" \
-  data.val_files="$DATA/val.parquet" \
-  data.train_batch_size="$BATCH" \
-  data.max_prompt_length=128 \
-  data.max_response_length="$RESP" \
-  data.filter_overlong_prompts=False \
-  data.seed=1 \
-  actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.hybrid_engine=False \
-  actor_rollout_ref.actor.optim.lr=1e-4 \
-  actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-  actor_rollout_ref.actor.use_kl_loss=False \
-  actor_rollout_ref.actor.entropy_coeff=0 \
-  actor_rollout_ref.actor.loss_agg_mode=token-mean \
-  actor_rollout_ref.rollout.name=vllm \
-  actor_rollout_ref.rollout.n="$GROUP" \
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
-  actor_rollout_ref.rollout.max_num_seqs=32 \
   actor_rollout_ref.rollout.nnodes=1 \
   actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
   trainer.n_gpus_per_node=1 \
-  trainer.nnodes=1 \
-  trainer.total_training_steps="$STEPS" \
-  trainer.total_epochs=100 \
-  trainer.val_before_train=False \
-  trainer.test_freq=-1 \
-  trainer.save_freq=-1 \
-  trainer.logger='[console]' \
-  trainer.project_name=verl_laminar_cpu \
   trainer.experiment_name=laminar_grpo \
-  trainer.default_local_dir="$OUT/checkpoints" \
+  "${WORKLOAD[@]}" \
   "$@"

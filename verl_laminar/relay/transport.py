@@ -183,11 +183,15 @@ class TcpChannel:
         return bytes(buf)
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        _close_socket(self.sock)
+
+
+def _close_socket(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # peer already gone or never connected: closing is all that is left to do
+        pass
+    sock.close()
 
 
 class TcpListener:
@@ -206,11 +210,7 @@ class TcpListener:
         return TcpChannel(conn, f"{addr[0]}:{addr[1]}", self._rate)
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        _close_socket(self.sock)
 
 
 class TcpTransport:
