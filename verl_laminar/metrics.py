@@ -52,6 +52,9 @@ RELAY_PUBLISH_S = "laminar/relay/publish_s"
 RELAY_VERSION = "laminar/relay/version"
 
 # repack scheduler
+# every trained trajectory's version labels were checked (cumulative); a mixed one raises instead
+INVARIANT_CHECKED = "laminar/invariant/checked_trajectories"
+
 REPACK_MIGRATIONS = "laminar/repack/migrations"
 REPACK_EMPTIED = "laminar/repack/emptied"
 REPACK_SECONDS = "laminar/repack/seconds"

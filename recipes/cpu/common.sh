@@ -7,7 +7,9 @@ DATA=${DATA:-$repo/verl_laminar/data/toy_math}
 STEPS=${STEPS:-3}
 BATCH=${BATCH:-8}              # prompts per step
 GROUP=${GROUP:-4}              # responses per prompt (GRPO group)
-RESP=${RESP:-128}              # max response tokens
+SKEW=${SKEW:-0}                # 1: seeded long-tailed response lengths (skewed_agent_loop.yaml), p99 ~10x median
+if [ "$SKEW" = 1 ]; then RESP=${RESP:-256}; else RESP=${RESP:-128}; fi  # max response tokens
+MICRO=${MICRO:-8}              # micro-batch per rank for log-prob and update passes (memory vs speed)
 
 if [ ! -f "$MODEL/MANIFEST.json" ]; then
   echo "fixture model missing at $MODEL; build it with: $PY -m verl_laminar.fixtures" >&2
@@ -29,7 +31,7 @@ WORKLOAD=(
   actor_rollout_ref.model.path="$MODEL"
   actor_rollout_ref.actor.optim.lr=1e-4
   actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.actor.use_kl_loss=False
   actor_rollout_ref.actor.entropy_coeff=0
   actor_rollout_ref.actor.clip_ratio_low=0.2
@@ -38,7 +40,7 @@ WORKLOAD=(
   actor_rollout_ref.rollout.name=vllm
   actor_rollout_ref.rollout.n="$GROUP"
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.rollout.max_num_seqs=32
   trainer.nnodes=1
   trainer.total_training_steps="$STEPS"
@@ -50,3 +52,13 @@ WORKLOAD=(
   trainer.project_name=verl_laminar_cpu
   trainer.default_local_dir="$OUT/checkpoints"
 )
+if [ "$SKEW" = 1 ]; then
+  # Every response runs to a length drawn per (prompt index, response index) from one seeded lognormal, and
+  # the reward reads only the first answer line; identical in every recipe that sources this file.
+  WORKLOAD+=(
+    actor_rollout_ref.rollout.agent.default_agent_loop=laminar_skewed
+    actor_rollout_ref.rollout.agent.agent_loop_config_path="$repo/recipes/cpu/skewed_agent_loop.yaml"
+    reward.custom_reward_function.path="$repo/verl_laminar/reward/first_answer.py"
+    reward.custom_reward_function.name=compute_score
+  )
+fi

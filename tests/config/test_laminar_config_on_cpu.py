@@ -188,3 +188,9 @@ def test_missing_laminar_block_says_how_to_enable_it():
     del cfg["laminar"]
     with pytest.raises(LaminarConfigError, match=r"add \+laminar=enabled"):
         validate_and_migrate(cfg)
+
+
+def test_groups_per_batch_is_a_typed_option():
+    assert validate_and_migrate(verl_like(**{"laminar.dispatch.groups_per_batch": 3})).dispatch.groups_per_batch == 3
+    with pytest.raises(LaminarConfigError, match="groups_per_batch=0: must be null"):
+        validate_and_migrate(verl_like(**{"laminar.dispatch.groups_per_batch": 0}))

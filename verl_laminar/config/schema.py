@@ -46,6 +46,11 @@ class _Section:
 class DispatchConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.dispatch"
     group_size_from_rollout_n: bool = True
+    groups_per_batch: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self._require("groups_per_batch", self.groups_per_batch is None or self.groups_per_batch >= 1,
+                      "must be null (ceil(data.train_batch_size / replicas)) or an integer >= 1")
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 from verl_laminar import metrics as lm
 from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
+from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.trainer import runtime
 
 logger = logging.getLogger(__name__)
+apply_verl_bug_patches()  # our base, verl's separate_async, crashes at start-up without it (patches/README.md)
 # the per-step Laminar summary is part of the run's record, as verl's own INFO lines are
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
@@ -59,10 +61,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             rollout_n=int(self.config.actor_rollout_ref.rollout.n))
 
     def _setup(self) -> None:
-        import verl.trainer.ppo.v1.trainer_separate_async as sep
-
-        with runtime.logger_accepting_flush(sep):
-            super()._setup()
+        super()._setup()
         from verl_laminar.rollout.router import spawn_router
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])

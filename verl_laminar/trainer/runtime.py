@@ -5,7 +5,6 @@ Kept apart from the trainer class so each piece is testable without a Ray cluste
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import uuid
@@ -106,24 +105,6 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None) -> Any:
     plan = ray.get(group.spawn.remote(nodes, master=master))
     logger.info("relay group %s: %d relays, master %s, chain %s", name, len(nodes), master, plan)
     return group
-
-
-class _DropPrintKwargs(logging.LoggerAdapter):
-    def process(self, msg, kwargs):
-        kwargs.pop("flush", None)
-        return msg, kwargs
-
-
-@contextlib.contextmanager
-def logger_accepting_flush(module: Any):
-    """verl 0.9.1's separate_async ``_setup`` passes print's ``flush=True`` to ``logger.info`` in its
-    ``hybrid_engine=False`` branch (trainer_separate_async.py:181), a TypeError; scoped to that one call."""
-    original = module.logger
-    module.logger = _DropPrintKwargs(original, {})
-    try:
-        yield
-    finally:
-        module.logger = original
 
 
 def replica_relays(group: Any, replicas: list) -> dict:

@@ -1,0 +1,123 @@
+"""Pure parsing and summarising for the end-to-end benchmark (no processes, no Ray: unit-tested on text).
+
+verl's console tracker prints one line per training step, ``step:N - key:value - key:value ...``, where a
+value may be a numpy repr (``np.float64(2.0)``). The benchmark timestamps every line as it arrives; the time
+between two step lines is the wall time between two weight publications (the paper's step time).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+_STEP = re.compile(r"\bstep:(\d+) - (.*)$")
+_NUMPY = re.compile(r"^np\.\w+\((.*)\)$")
+STALENESS_HIST = re.compile(r"^laminar/staleness/hist_(\d+)$")
+VIOLATION = "InvariantViolation"
+
+
+def _number(text: str) -> Optional[float]:
+    text = text.strip()
+    m = _NUMPY.match(text)
+    if m:
+        text = m.group(1)
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_step_line(line: str) -> Optional[tuple[int, dict[str, float]]]:
+    """``(step, metrics)`` of one console line, or None when it is not a step line."""
+    m = _STEP.search(line.rstrip("\n"))
+    if m is None:
+        return None
+    metrics: dict[str, float] = {}
+    for item in m.group(2).split(" - "):
+        key, sep, value = item.partition(":")
+        if not sep:
+            continue
+        number = _number(value)
+        if number is not None:
+            metrics[key.strip()] = number
+    return int(m.group(1)), metrics
+
+
+@dataclass
+class RunRecord:
+    """What one recipe run left on its console, with arrival times (seconds since launch)."""
+
+    name: str
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)
+    seen_s: dict[int, float] = field(default_factory=dict)
+    violations: int = 0
+    exit_code: Optional[int] = None
+
+    def feed(self, line: str, t: float) -> None:
+        if VIOLATION in line:
+            self.violations += 1
+        parsed = parse_step_line(line)
+        if parsed is not None:
+            step, metrics = parsed
+            self.steps[step] = metrics
+            self.seen_s.setdefault(step, t)
+
+    def feed_all(self, lines: Iterable[tuple[float, str]]) -> "RunRecord":
+        for t, line in lines:
+            self.feed(line, t)
+        return self
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def summarise(run: RunRecord, skip: int = 1) -> dict:
+    """Steady-state throughput over steps ``skip+1..N``: their tokens over the wall time from the end of
+    step ``skip`` to the end of step N (the first step carries engine warm-up and, for an asynchronous
+    trainer, the pipeline fill; both systems are measured the same way)."""
+    steps = sorted(run.steps)
+    out: dict = {"name": run.name, "exit_code": run.exit_code, "steps": len(steps),
+                 "invariant_violations": run.violations}
+    if len(steps) <= skip:
+        out["error"] = f"only {len(steps)} step(s) finished; need more than {skip} to measure a steady state"
+        return out
+    window = steps[skip:]
+    first, last = steps[skip - 1], steps[-1]
+    tokens = sum(run.steps[s].get("perf/total_num_tokens", math.nan) for s in window)
+    wall = run.seen_s[last] - run.seen_s[first]
+    out.update(
+        window_steps=[window[0], window[-1]],
+        trained_tokens=tokens,
+        window_wall_s=wall,
+        tokens_per_s=tokens / wall if wall > 0 else None,
+        startup_s=run.seen_s[steps[0]],
+        step_wall_s=[run.seen_s[b] - run.seen_s[a] for a, b in zip(steps, steps[1:])],
+        score_mean=[run.steps[s].get("critic/score/mean") for s in steps],
+        response_length_mean=[run.steps[s].get("response_length/mean") for s in steps],
+        response_length_max=[run.steps[s].get("response_length/max") for s in steps],
+    )
+    timing: dict[str, Optional[float]] = {}
+    for key in ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor",
+                "timing_s/update_weights", "laminar/trainer/wait_for_data_s", "laminar/rollout/wait_for_weights_s"):
+        timing[key] = _mean([run.steps[s][key] for s in window if key in run.steps[s]])
+    out["mean_per_step_s"] = {k: v for k, v in timing.items() if v is not None}
+    hist: dict[int, int] = {}
+    for s in steps:
+        for key, value in run.steps[s].items():
+            m = STALENESS_HIST.match(key)
+            if m:
+                hist[int(m.group(1))] = hist.get(int(m.group(1)), 0) + int(value)
+    if hist:
+        out["staleness_hist"] = {str(k): hist[k] for k in sorted(hist)}
+        out["staleness_max"] = max(k for k, v in hist.items() if v > 0) if any(hist.values()) else 0
+        checked = [run.steps[s].get("laminar/invariant/checked_trajectories") for s in steps]
+        out["checked_trajectories"] = max((c for c in checked if c is not None), default=0)
+    return out
+
+
+def compare(baseline: dict, candidate: dict) -> Optional[float]:
+    a, b = baseline.get("tokens_per_s"), candidate.get("tokens_per_s")
+    return b / a if a and b else None

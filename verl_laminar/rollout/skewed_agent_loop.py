@@ -1,0 +1,36 @@
+"""verl's single-turn agent loop with a seeded per-trajectory response length (the skewed CPU workload).
+
+Selected with ``actor_rollout_ref.rollout.agent.default_agent_loop=laminar_skewed`` and
+``actor_rollout_ref.rollout.agent.agent_loop_config_path=recipes/cpu/skewed_agent_loop.yaml`` (identically in
+the sync baseline and under ``+laminar=enabled``). Each response of prompt ``index`` gets exactly
+``SkewedLengths.length(index, session_id)`` tokens: ``min_tokens == max_tokens`` keeps vLLM from stopping at
+end-of-turn, so generation cost follows the long-tailed distribution and not the tiny model's short answers.
+The reward reads only the first answer line (``verl_laminar.reward.first_answer``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+from verl_laminar.policy.lengths import SkewedLengths
+
+logger = logging.getLogger(__name__)
+
+
+class SkewedLengthAgentLoop(SingleTurnAgentLoop):
+    def __init__(self, *args: Any, median: int = 32, p99_ratio: float = 10.0, min_tokens: int = 16,
+                 seed: int = 20261130, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lengths = SkewedLengths(max_tokens=int(self.response_length), median=int(median),
+                                     p99_ratio=float(p99_ratio), min_tokens=int(min_tokens), seed=int(seed))
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        if "index" not in kwargs or "session_id" not in kwargs:
+            raise KeyError("laminar_skewed needs the row's 'index' (extra_info.index) and verl's 'session_id' to "
+                           f"key the length; got keys {sorted(kwargs)}")
+        n = self.lengths.length(int(kwargs["index"]), int(kwargs["session_id"]))
+        return await super().run(dict(sampling_params, max_tokens=n, min_tokens=n), **kwargs)
