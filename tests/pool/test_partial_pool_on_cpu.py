@@ -1,0 +1,120 @@
+"""Partial-response pool: invariants, chunk policy, and recovery from its log after the pool process is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.pool.partial import ChunkPolicy, PartialPool
+
+SP = {"temperature": 1.0, "max_tokens": 10}
+
+
+def test_tokens_and_logprobs_accumulate_and_close_removes():
+    pool = PartialPool()
+    pool.open("u_0", "u", 3, [1, 2], SP, replica_id=0)
+    pool.append("u_0", 3, [5, 6], [-0.1, -0.2])
+    pool.append("u_0", 3, [7], [-0.3], state={"turn": 2})
+    t = pool.get("u_0")
+    assert (t.tokens, t.logprobs, t.state, t.remaining_budget()) == ([5, 6, 7], [-0.1, -0.2, -0.3], {"turn": 2}, 7)
+    pool.reassign("u_0", 2)
+    assert [x.key for x in pool.on_replica(2)] == ["u_0"] and pool.on_replica(0) == []
+    pool.close("u_0")
+    assert len(pool) == 0
+
+
+@pytest.mark.parametrize("ops, error", [
+    ([("open", "a", 1), ("append", "a", 2)], InvariantViolation),  # another version's tokens
+    ([("open", "a", 1), ("open", "a", 1)], InvariantViolation),  # opened twice
+    ([("append", "a", 1)], InvariantViolation),  # unknown
+    ([("open", "a", 1), ("close", "a", 1), ("append", "a", 1)], InvariantViolation),  # closed
+])
+def test_invariant_violations_raise(ops, error):
+    pool = PartialPool()
+    with pytest.raises(error):
+        for op, key, version in ops:
+            if op == "open":
+                pool.open(key, "g", version, [1], SP)
+            elif op == "append":
+                pool.append(key, version, [1], [-1.0])
+            else:
+                pool.close(key)
+
+
+def test_unpaired_logprobs_are_rejected():
+    pool = PartialPool()
+    pool.open("a", "g", 0, [1], SP)
+    with pytest.raises(ValueError, match="must pair up"):
+        pool.append("a", 0, [1, 2], [-1.0])
+
+
+def test_chunk_policy():
+    p = ChunkPolicy(flush_tokens=64, flush_interval_s=1.0)
+    assert not p.due(0, 9.0) and not p.due(10, 0.5) and p.due(64, 0.0) and p.due(1, 1.0)
+    with pytest.raises(ValueError, match="flush_tokens"):
+        ChunkPolicy(flush_tokens=0)
+
+
+def test_reopened_pool_recovers_entries_and_skips_a_torn_last_record(tmp_path):
+    path = str(tmp_path / "pool.log")
+    pool = PartialPool(path)
+    pool.open("a", "g", 4, [1, 2, 3], SP, replica_id=1)
+    pool.append("a", 4, [9, 8], [-0.5, -0.25])
+    pool.open("b", "g", 4, [1, 2, 3], SP, replica_id=1)
+    pool.close("b")
+    pool.shutdown()
+    with open(path, "ab") as f:
+        f.write(b'{"op":"append","key":"a","vers')  # the process died mid-write
+    again = PartialPool(path)
+    assert again.torn_records == 1 and again.recovered == 1
+    t = again.get("a")
+    assert (t.version, t.prompt_ids, t.tokens, t.logprobs, t.replica_id) == (4, [1, 2, 3], [9, 8], [-0.5, -0.25], 1)
+    again.append("a", 4, [7], [-1.0])  # appends after recovery land after a clean record
+    again.shutdown()
+    assert PartialPool(path).get("a").tokens == [9, 8, 7]
+
+
+def test_compaction_keeps_live_entries(tmp_path):
+    path = str(tmp_path / "pool.log")
+    pool = PartialPool(path, compact_ratio=1.0)
+    for i in range(200):
+        pool.open(f"k{i}", "g", 0, [1], SP)
+        pool.append(f"k{i}", 0, [i], [-1.0])
+        if i % 10:
+            pool.close(f"k{i}")
+    pool.shutdown()
+    assert sum(1 for _ in open(path)) < 200  # compacted at least once
+    assert sorted(t.key for t in PartialPool(path)) == sorted(f"k{i}" for i in range(0, 200, 10))
+
+
+WRITER = """
+import sys, time
+from verl_laminar.pool.partial import PartialPool
+pool = PartialPool(sys.argv[1])
+pool.open("t", "g", 7, [1, 2], {"max_tokens": 100000})
+i = 0
+print("ready", flush=True)
+while True:
+    pool.append("t", 7, [i], [-float(i)])
+    i += 1
+"""
+
+
+def test_pool_process_killed_mid_stream_loses_no_acknowledged_chunk(tmp_path):
+    """A real process appends as fast as it can; SIGKILL; the recovered trajectory is a clean prefix."""
+    path = str(tmp_path / "pool.log")
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    t = PartialPool(path).get("t")
+    n = len(t.tokens)
+    assert n > 100  # it was really streaming
+    assert t.tokens == list(range(n)) and t.logprobs == [-float(i) for i in range(n)] and t.version == 7

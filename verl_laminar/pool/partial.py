@@ -1,0 +1,188 @@
+"""Partial-response pool: every in-progress trajectory's prompt, tokens so far, rollout log-probs and version.
+
+Plain class (the Ray actor is a thin shell around it). Durability: an append-only JSON-lines log on local disk,
+one record per operation, written with a single ``write`` on an ``O_APPEND`` descriptor. Chosen over
+replication because one host-local file survives a restart of the pool process at the cost of one small write
+per chunk, and needs no second pool to stay consistent; a torn last line (the process died mid-write) is
+skipped on recovery, which loses at most that one chunk, never an earlier one. The log is compacted (rewritten
+from the live entries, then renamed over the old one) when closed records dominate it.
+
+Invariants (violations raise): a trajectory has one version for its whole life; tokens and log-probs grow
+together and only at the end; a closed trajectory (it reached the experience buffer) cannot be appended to.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from verl_laminar.policy.accounting import InvariantViolation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PartialTrajectory:
+    key: str
+    group_id: str
+    version: int
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # agent-loop state of a multi-turn trajectory
+    replica_id: Optional[int] = None
+
+    def remaining_budget(self) -> Optional[int]:
+        """Tokens still allowed when the trajectory resumes elsewhere (same sampling parameters otherwise)."""
+        max_tokens = self.sampling_params.get("max_tokens")
+        return None if max_tokens is None else max(0, int(max_tokens) - len(self.tokens))
+
+
+@dataclass(frozen=True)
+class ChunkPolicy:
+    """When a rollout flushes a trajectory's new tokens to the pool: after ``flush_tokens`` tokens or
+    ``flush_interval_s`` seconds, whichever comes first (laminar.pool.*)."""
+
+    flush_tokens: int = 64
+    flush_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.flush_tokens < 1 or self.flush_interval_s <= 0:
+            raise ValueError(f"laminar.pool.flush_tokens={self.flush_tokens} must be >= 1 and flush_interval_s="
+                             f"{self.flush_interval_s} > 0")
+
+    def due(self, pending_tokens: int, seconds_since_flush: float) -> bool:
+        return pending_tokens > 0 and (pending_tokens >= self.flush_tokens
+                                       or seconds_since_flush >= self.flush_interval_s)
+
+
+class PartialPool:
+    def __init__(self, log_path: Optional[str] = None, compact_ratio: float = 4.0) -> None:
+        self._entries: dict[str, PartialTrajectory] = {}
+        self._closed: set[str] = set()
+        self._records = 0
+        self._compact_ratio = compact_ratio
+        self._path = log_path
+        self._fd: Optional[int] = None
+        self.recovered = 0
+        self.torn_records = 0
+        if log_path is not None:
+            if os.path.exists(log_path):
+                self._replay(log_path)
+            self._fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    # ---- operations ----
+    def open(self, key: str, group_id: str, version: int, prompt_ids: list[int], sampling_params: dict,
+             replica_id: Optional[int] = None, state: Optional[dict] = None) -> None:
+        self._apply({"op": "open", "key": key, "group_id": group_id, "version": int(version),
+                     "prompt_ids": list(map(int, prompt_ids)), "sampling_params": dict(sampling_params),
+                     "replica_id": replica_id, "state": dict(state or {})})
+
+    def append(self, key: str, version: int, tokens: list[int], logprobs: list[float],
+               state: Optional[dict] = None) -> None:
+        self._apply({"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
+                     "logprobs": list(map(float, logprobs)), "state": state})
+
+    def reassign(self, key: str, replica_id: int) -> None:
+        """The trajectory continues on another replica (same version; the policy checked that)."""
+        self._apply({"op": "reassign", "key": key, "replica_id": int(replica_id)})
+
+    def close(self, key: str) -> None:
+        """The trajectory reached the experience buffer; it leaves the pool."""
+        self._apply({"op": "close", "key": key})
+
+    # ---- queries ----
+    def get(self, key: str) -> PartialTrajectory:
+        return self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[PartialTrajectory]:
+        return iter(list(self._entries.values()))
+
+    def on_replica(self, replica_id: int) -> list[PartialTrajectory]:
+        return [t for t in self._entries.values() if t.replica_id == replica_id]
+
+    # ---- internals ----
+    def _apply(self, rec: dict, replaying: bool = False) -> None:
+        op, key = rec["op"], rec["key"]
+        if op == "open":
+            if key in self._entries or key in self._closed:
+                raise InvariantViolation(f"trajectory {key!r} opened twice in the partial-response pool")
+            self._entries[key] = PartialTrajectory(key, rec["group_id"], rec["version"], rec["prompt_ids"],
+                                                   rec["sampling_params"], state=rec.get("state") or {},
+                                                   replica_id=rec.get("replica_id"))
+        else:
+            t = self._entries.get(key)
+            if t is None:
+                state = "closed" if key in self._closed else "unknown"
+                raise InvariantViolation(f"{op} of {state} trajectory {key!r} in the partial-response pool")
+            if op == "append":
+                if rec["version"] != t.version:
+                    raise InvariantViolation(f"trajectory {key!r} of version {t.version} got tokens of version "
+                                             f"{rec['version']}")
+                if len(rec["tokens"]) != len(rec["logprobs"]):
+                    raise ValueError(f"append to {key!r}: {len(rec['tokens'])} tokens but {len(rec['logprobs'])} "
+                                     "log-probs; they must pair up")
+                t.tokens.extend(rec["tokens"])
+                t.logprobs.extend(rec["logprobs"])
+                if rec.get("state") is not None:
+                    t.state = rec["state"]
+            elif op == "reassign":
+                t.replica_id = rec["replica_id"]
+            elif op == "close":
+                del self._entries[key]
+                self._closed.add(key)
+            else:
+                raise ValueError(f"unknown pool operation {op!r}")
+        self._records += 1
+        if not replaying and self._fd is not None:
+            os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+            if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:
+                self.compact()
+
+    def _replay(self, path: str) -> None:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline; otherwise a torn record
+        if tail:
+            self.torn_records += 1
+            logger.warning("partial-response pool %s: dropped a torn last record (%d bytes)", path, len(tail))
+        for line in lines:
+            self._apply(json.loads(line), replaying=True)
+        self.recovered = len(self._entries)
+        # rewrite so later appends never follow a torn record
+        self._fd = None
+        self.compact(path)
+
+    def compact(self, path: Optional[str] = None) -> None:
+        path = path or self._path
+        if path is None:
+            return
+        tmp = f"{path}.compact"
+        with open(tmp, "w") as f:
+            for t in self._entries.values():
+                f.write(json.dumps({"op": "open", "key": t.key, "group_id": t.group_id, "version": t.version,
+                                    "prompt_ids": t.prompt_ids, "sampling_params": t.sampling_params,
+                                    "replica_id": t.replica_id, "state": t.state}, separators=(",", ":")) + "\n")
+                if t.tokens:
+                    f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": t.tokens,
+                                        "logprobs": t.logprobs, "state": None}, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._records = 2 * len(self._entries)
+        self._closed.clear()  # closed keys are gone from the log too; keys are unique per run (uid_session)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def shutdown(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
