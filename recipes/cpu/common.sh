@@ -16,7 +16,7 @@ if [ ! -f "$MODEL/MANIFEST.json" ]; then
   exit 2
 fi
 mkdir -p "$OUT"
-export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)
 
 WORKLOAD=(
   algorithm.adv_estimator=grpo
@@ -42,6 +42,7 @@ WORKLOAD=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.rollout.max_num_seqs=32
+  +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="$KV_BYTES"
   trainer.nnodes=1
   trainer.total_training_steps="$STEPS"
   trainer.total_epochs=100

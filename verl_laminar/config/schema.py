@@ -166,6 +166,7 @@ class LaminarConfig(_Section):
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    cpu_priority: bool = True
 
     def __post_init__(self) -> None:
         self._require(

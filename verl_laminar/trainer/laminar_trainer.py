@@ -66,6 +66,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])
         replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
+        from verl_laminar.platform.cpu import cpu_platform_requested
+
+        if self.laminar.cpu_priority and cpu_platform_requested():
+            runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
         gpb = runtime.groups_per_batch(self.config, len(replicas))
         runtime.check_warmup(self.config, len(replicas), gpb)
         self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas))

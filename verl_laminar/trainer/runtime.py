@@ -116,3 +116,29 @@ def replica_relays(group: Any, replicas: list) -> dict:
         relay_id = ray.get(group.relay_on_node.remote(_node_of(r.workers[0])))
         out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
     return out
+
+
+def _pid_of(actor: Any) -> int:
+    import ray
+
+    from verl_laminar.platform.priority import current_pid
+
+    return int(ray.get(actor.__ray_call__.remote(lambda self: current_pid())))
+
+
+def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
+    """Rollouts at nice 19, trainer ranks at nice 0 (when permitted): on a shared CPU host, generation then
+    fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""
+    from verl_laminar.platform.priority import renice_tree
+
+    out = {"rollout": [renice_tree(_pid_of(s), 19) for s in replica_servers], "trainer": []}
+    for w in trainer_workers:
+        try:
+            out["trainer"].append(renice_tree(_pid_of(w), 0))
+        except PermissionError:
+            logger.warning("laminar.cpu_priority: no permission to raise the trainer's priority; only the rollouts "
+                           "were lowered (nice 19)")
+            break
+    logger.info("laminar.cpu_priority: rollouts at nice 19 %s, trainer ranks at nice 0 %s", out["rollout"],
+                out["trainer"])
+    return out
