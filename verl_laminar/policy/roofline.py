@@ -227,3 +227,22 @@ def compute_bound_batch(model: ModelShape, device: DeviceSpec, tp: int = 1, ctx_
     if per_seq <= 0:
         return cap
     return max(1, min(cap, math.ceil(cost.mem0 / per_seq)))
+
+
+def batch_from_profile(step_s: dict[int, float], tolerance: float = 0.25) -> int:
+    """B from a measured decode profile: the largest batch whose time per decode step stays within
+    ``1 + tolerance`` of the single-sequence step (``step_s``: batch size -> seconds per decode step).
+
+    This is the measured counterpart of ``compute_bound_batch``: below B, adding sequences is nearly free.
+    """
+    if not step_s or 1 not in step_s:
+        raise ValueError(f"the profile needs batch size 1 as its reference; got batch sizes {sorted(step_s)}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance={tolerance} must be >= 0")
+    limit = step_s[1] * (1.0 + tolerance)
+    best = 1
+    for b in sorted(step_s):
+        if step_s[b] > limit:
+            break  # the first batch over the limit ends the flat region
+        best = b
+    return best
