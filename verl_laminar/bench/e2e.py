@@ -1,6 +1,6 @@
 """End-to-end benchmark: verl's synchronous GRPO and Laminar, back to back, on one skewed CPU workload.
 
-    python -m verl_laminar.bench.e2e --json                      # sync vs laminar, 4 replicas, 6 steps
+    python -m verl_laminar.bench.e2e --json                      # sync vs laminar, 2 replicas each, 6 steps
     python -m verl_laminar.bench.e2e --modes sync,laminar,sync_bypass --steps 8 --out runs/bench-e2e
 
 Dataflow: for each mode, one recipe run (recipes/cpu/run_*.sh with SKEW=1: the same prompts, seeds, batch,
@@ -68,6 +68,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> RunRecord:
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
     timer = threading.Timer(args.timeout_s, _terminate, args=(proc, mode))
     timer.start()
+    tree = _TreeWatch(proc.pid)
     try:
         with open(log_path, "w") as log:
             for line in proc.stdout:
@@ -80,8 +81,54 @@ def run_mode(mode: str, args: argparse.Namespace) -> RunRecord:
         record.exit_code = proc.wait()
     finally:
         timer.cancel()
+        tree.stop_and_reap(mode)
     logger.info("%s: exit %s after %.0f s", mode, record.exit_code, time.monotonic() - t0)
     return record
+
+
+class _TreeWatch:
+    """Remembers every descendant of a run (Ray re-parents its workers, and a run killed for memory can leave
+    vLLM engines behind, which would skew the next run); after the run, ends those still alive, by PID."""
+
+    def __init__(self, pid: int, period_s: float = 5.0) -> None:
+        self._pid, self._period_s = pid, period_s
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self._period_s):
+            try:
+                for p in psutil.Process(self._pid).children(recursive=True):
+                    self._seen.setdefault(p.pid, p.create_time())
+            except psutil.NoSuchProcess:
+                return
+
+    def stop_and_reap(self, mode: str) -> None:
+        import psutil
+
+        self._stop.set()
+        self._thread.join()
+        alive = []
+        for pid, created in self._seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created:  # the same process, not a reused PID
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive:
+            return
+        logger.warning("%s: ending %d leftover processes of the run: %s", mode, len(alive),
+                       sorted({p.name() for p in alive}))
+        for p in alive:
+            p.terminate()
+        _, still = psutil.wait_procs(alive, timeout=20)
+        for p in still:
+            p.kill()
 
 
 def _terminate(proc: subprocess.Popen, mode: str) -> None:
@@ -138,14 +185,16 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="sync,laminar", help=f"comma-separated, run in order: {', '.join(MODES)}")
-    ap.add_argument("--replicas", type=int, default=4, help="Laminar's standalone rollout replicas")
+    ap.add_argument("--replicas", type=int, default=2,
+                    help="Laminar's standalone rollout replicas (4 with the trainer ran out of 24 GiB: ~4.5 GB each)")
     ap.add_argument("--sync-ranks", type=int, default=2,
                     help="sync baseline's colocated FSDP ranks = its rollout replicas (4 do not fit in 24 GiB)")
     ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is warm-up)")
     ap.add_argument("--batch", type=int, default=8, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help="responses per prompt")
     ap.add_argument("--resp", type=int, default=256, help="max response tokens (the length distribution's cap)")
-    ap.add_argument("--micro", type=int, default=4, help="micro-batch per rank (memory: sync runs one per replica)")
+    ap.add_argument("--micro", type=int, default=2,
+                    help="micro-batch per rank; 4 ran 4 replicas + the trainer out of 24 GiB at the first publish")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench-e2e"))
     ap.add_argument("--json", action="store_true", help="print the result JSON on stdout")

@@ -147,6 +147,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         stats = self.replay_buffer.experience.stats()
         out.update(lm.buffer_metrics(stats.ready_groups, stats.partial_groups, stats.duplicates,
                                      stats.discarded_groups))
+        out[lm.INVARIANT_CHECKED] = float(self.replay_buffer.checked_trajectories)
         lm.check_names(out)
         metrics.update(out)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import uuid
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # start-up decisions belong in the run's record
 
 AGENT_LOOP_MANAGER = "verl_laminar.rollout.agent_loop.LaminarAgentLoopManager"
 SYNC_STEP_KEY = "trainer.v1.laminar.parameter_sync_step"
