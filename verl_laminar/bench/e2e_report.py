@@ -12,9 +12,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from verl_laminar import metrics as lm
+
 _STEP = re.compile(r"\bstep:(\d+) - (.*)$")
 _NUMPY = re.compile(r"^np\.\w+\((.*)\)$")
-STALENESS_HIST = re.compile(r"^laminar/staleness/hist_(\d+)$")
+STALENESS_HIST = re.compile("^" + re.escape(lm.STALENESS_HIST_PREFIX) + r"(\d+)$")
 VIOLATION = "InvariantViolation"
 
 
@@ -101,7 +103,7 @@ def summarise(run: RunRecord, skip: int = 1) -> dict:
     )
     timing: dict[str, Optional[float]] = {}
     for key in ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor",
-                "timing_s/update_weights", "laminar/trainer/wait_for_data_s", "laminar/rollout/wait_for_weights_s"):
+                "timing_s/update_weights", lm.TRAINER_WAIT, lm.ROLLOUT_WAIT):
         timing[key] = _mean([run.steps[s][key] for s in window if key in run.steps[s]])
     out["mean_per_step_s"] = {k: v for k, v in timing.items() if v is not None}
     hist: dict[int, int] = {}
@@ -113,7 +115,7 @@ def summarise(run: RunRecord, skip: int = 1) -> dict:
     if hist:
         out["staleness_hist"] = {str(k): hist[k] for k in sorted(hist)}
         out["staleness_max"] = max(k for k, v in hist.items() if v > 0) if any(hist.values()) else 0
-        checked = [run.steps[s].get("laminar/invariant/checked_trajectories") for s in steps]
+        checked = [run.steps[s].get(lm.INVARIANT_CHECKED) for s in steps]
         out["checked_trajectories"] = max((c for c in checked if c is not None), default=0)
     return out
 
