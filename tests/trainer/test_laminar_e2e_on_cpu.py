@@ -45,7 +45,8 @@ def test_every_step_trains_and_every_trained_trajectory_was_checked(laminar_run)
     assert last["laminar/invariant/checked_trajectories"] >= trained
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step  # verl's own: one version per trajectory
-        assert m["actor/grad_norm"] > 0, step
+    # a step whose groups all scored alike has zero advantages and a zero gradient; not every step can
+    assert any(m["actor/grad_norm"] > 0 for m in run.steps.values()), [m["actor/grad_norm"] for m in run.steps.values()]
 
 
 def test_staleness_is_a_histogram_matching_the_count(laminar_run):
