@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from laminar_testing import REPO
+from verl_laminar.bench.e2e_report import parse_step_line
 
 pytestmark = pytest.mark.e2e
 
@@ -27,17 +27,9 @@ pytestmark = pytest.mark.e2e
 def _metrics_by_step(log: str) -> dict[int, dict[str, float]]:
     steps: dict[int, dict[str, float]] = {}
     for line in log.splitlines():
-        m = re.search(r"step:(\d+) - (.*)$", line)
-        if not m:
-            continue
-        vals = {}
-        for kv in m.group(2).split(" - "):
-            k, _, v = kv.partition(":")
-            # verl prints numpy scalars as e.g. ``np.float64(-0.34)``; take the number inside.
-            num = re.search(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|nan|inf", v.split("(", 1)[-1])
-            if num:
-                vals[k.strip()] = float(num.group(0))
-        steps.setdefault(int(m.group(1)), {}).update(vals)
+        parsed = parse_step_line(line)  # the benchmark's parser: numpy reprs like np.float64(-0.34) included
+        if parsed is not None:
+            steps.setdefault(parsed[0], {}).update(parsed[1])
     return steps
 
 
