@@ -8,14 +8,27 @@ STEPS=${STEPS:-3}
 BATCH=${BATCH:-8}              # prompts per step
 GROUP=${GROUP:-4}              # responses per prompt (GRPO group)
 SKEW=${SKEW:-0}                # 1: seeded long-tailed response lengths (skewed_agent_loop.yaml), p99 ~10x median
+TASK=${TASK:-math}             # math: single-turn toy math; tool: multi-turn code-interpreter calls in the sandbox
+case "$TASK" in
+  math) PROMPT=${PROMPT:-128} ;;
+  tool) PROMPT=${PROMPT:-512}  # the chat template puts the tool's JSON schema in the system prompt (~300 tokens)
+        if [ "$SKEW" = 1 ]; then echo "SKEW=1 applies to TASK=math only (tool turns end at their own stop)" >&2; exit 2; fi ;;
+  *) echo "unknown TASK=$TASK: use math or tool" >&2; exit 2 ;;
+esac
 if [ "$SKEW" = 1 ]; then RESP=${RESP:-256}; else RESP=${RESP:-128}; fi  # max response tokens
 MICRO=${MICRO:-8}              # micro-batch per rank for log-prob and update passes (memory vs speed)
+LR=${LR:-1e-4}                 # actor learning rate (Adam)
 
 if [ ! -f "$MODEL/MANIFEST.json" ]; then
   echo "fixture model missing at $MODEL; build it with: $PY -m verl_laminar.fixtures" >&2
   exit 2
 fi
 mkdir -p "$OUT"
+if [ "$TASK" = tool ]; then
+  # The toy problems as tool-calling rows (agent_name laminar_tool_guided), rebuilt per run: ~1 s.
+  "$PY" -m verl_laminar.data.tool_math --toy --agent laminar_tool_guided --out "$OUT/tool_math" >/dev/null
+  DATA=$OUT/tool_math
+fi
 KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)
 
 WORKLOAD=(
@@ -24,12 +37,12 @@ WORKLOAD=(
   data.train_files="$DATA/train.parquet"
   data.val_files="$DATA/val.parquet"
   data.train_batch_size="$BATCH"
-  data.max_prompt_length=128
+  data.max_prompt_length="$PROMPT"
   data.max_response_length="$RESP"
   data.filter_overlong_prompts=False
   data.seed=1
   actor_rollout_ref.model.path="$MODEL"
-  actor_rollout_ref.actor.optim.lr=1e-4
+  actor_rollout_ref.actor.optim.lr="$LR"
   actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.actor.use_kl_loss=False
@@ -60,6 +73,19 @@ if [ "$SKEW" = 1 ]; then
     actor_rollout_ref.rollout.agent.default_agent_loop=laminar_skewed
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$repo/recipes/cpu/skewed_agent_loop.yaml"
     reward.custom_reward_function.path="$repo/verl_laminar/reward/first_answer.py"
+    reward.custom_reward_function.name=compute_score
+  )
+fi
+if [ "$TASK" = tool ]; then
+  WORKLOAD+=(
+    actor_rollout_ref.rollout.multi_turn.enable=True
+    actor_rollout_ref.rollout.multi_turn.format=hermes
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8
+    actor_rollout_ref.rollout.multi_turn.max_tool_response_length=256
+    actor_rollout_ref.rollout.multi_turn.tool_config_path="$repo/recipes/tool_calling/code_interpreter_tool.yaml"
+    actor_rollout_ref.rollout.agent.default_agent_loop=laminar_tool_guided
+    actor_rollout_ref.rollout.agent.agent_loop_config_path="$repo/recipes/cpu/tool_agent_loop.yaml"
+    reward.custom_reward_function.path="$repo/verl_laminar/reward/tool_answer.py"
     reward.custom_reward_function.name=compute_score
   )
 fi

@@ -32,8 +32,16 @@ case "$MODEL_SIZE" in
         exit 2 ;;
 esac
 
-# ---- data (recipes/dapo_math/prepare_data.py writes these) ----
-DATA_DIR=${DATA_DIR:-"$HOME/data/dapo_math"}
+# ---- task: math (this directory) or tool_calling (recipes/tool_calling/, same settings plus multi-turn tools) ----
+TASK=${TASK:-math}
+case "$TASK" in
+    math) : "${DATA_DIR:=$HOME/data/dapo_math}" ;;          # recipes/dapo_math/prepare_data.py writes these
+    tool_calling) : "${DATA_DIR:=$HOME/data/tool_math}" ;;  # recipes/tool_calling/prepare_data.py writes these
+    *) echo "unknown TASK=$TASK: use math or tool_calling" >&2; exit 2 ;;
+esac
+RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# ---- data ----
 TRAIN_FILE=${TRAIN_FILE:-"$DATA_DIR/dapo-math-17k.parquet"}
 VAL_FILE=${VAL_FILE:-"$DATA_DIR/aime-2024.parquet"}
 
@@ -59,7 +67,7 @@ NNODES=${NNODES:-$((TRAIN_NODES + ROLLOUT_NODES))}
 ACTOR_MAX_TOKENS_PER_GPU=${ACTOR_MAX_TOKENS_PER_GPU:-$(((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) * 2 / SP_SIZE))}
 LOGPROB_MAX_TOKENS_PER_GPU=${LOGPROB_MAX_TOKENS_PER_GPU:-$(((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) * 3 / SP_SIZE))}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.85}
-PROJECT_NAME=${PROJECT_NAME:-laminar_dapo_math}
+PROJECT_NAME=${PROJECT_NAME:-laminar_${TASK/math/dapo_math}}
 EXPERIMENT_NAME=${EXPERIMENT_NAME:-"$(basename "$MODEL_PATH")-${VARIANT}-${NNODES}x${GPUS_PER_NODE}"}
 LOGGER=${LOGGER:-'["console"]'}
 PYTHON=${PYTHON:-python3}
@@ -126,6 +134,28 @@ ARGS=(
     trainer.test_freq=10
     trainer.save_freq=50
 )
+
+if [ "$TASK" = tool_calling ]; then
+    # The paper's second task: multi-turn code execution in a sandbox, up to MAX_TOOL_CALLS calls per trajectory.
+    # verl's tool_agent loop (hermes format) with our code interpreter (local bubblewrap sandbox, or a
+    # SandboxFusion-compatible endpoint set in the tool YAML); the reward scores the final `Answer:` after the last
+    # tool output. Tool turns count as user turns in verl, so a trajectory has at most MAX_TOOL_CALLS + 1
+    # assistant turns (the last one answers).
+    MAX_TOOL_CALLS=${MAX_TOOL_CALLS:-8}
+    TOOL_CONFIG=${TOOL_CONFIG:-"$RECIPES_DIR/tool_calling/code_interpreter_tool.yaml"}
+    MAX_TOOL_RESPONSE_LENGTH=${MAX_TOOL_RESPONSE_LENGTH:-2048}
+    ARGS+=(
+        actor_rollout_ref.rollout.multi_turn.enable=True
+        actor_rollout_ref.rollout.multi_turn.format=hermes
+        actor_rollout_ref.rollout.multi_turn.max_user_turns="$MAX_TOOL_CALLS"
+        actor_rollout_ref.rollout.multi_turn.max_assistant_turns=$((MAX_TOOL_CALLS + 1))
+        actor_rollout_ref.rollout.multi_turn.max_tool_response_length="$MAX_TOOL_RESPONSE_LENGTH"
+        actor_rollout_ref.rollout.multi_turn.tool_config_path="$TOOL_CONFIG"
+        actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
+        reward.custom_reward_function.path="$RECIPES_DIR/../verl_laminar/reward/tool_answer.py"
+        reward.custom_reward_function.name=compute_score
+    )
+fi
 
 case "$VARIANT" in
     sync)

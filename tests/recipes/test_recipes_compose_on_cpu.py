@@ -1,4 +1,4 @@
-"""Every DAPO-Math recipe composes into the config the paper ran, in verl 0.9.1 keys.
+"""Every DAPO-Math and tool-calling recipe composes into the config the paper ran, in verl 0.9.1 keys.
 
 How: each script is run with `--cfg job` passed through "$@". One script goes all the way through
 `python -m verl.trainer.main_ppo ... --cfg job`; the others are run with a recorder in place of the interpreter
@@ -21,6 +21,7 @@ import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "dapo_math"
+TOOL_RECIPES = REPO / "recipes" / "tool_calling"
 LAMINAR_GROUP = REPO / "verl_laminar" / "config" / "laminar" / "enabled.yaml"
 MODELS = ("7b", "32b", "72b")
 VARIANTS = ("sync", "separate_async", "laminar")
@@ -47,7 +48,12 @@ COMPOSE_DRIVER = textwrap.dedent(
 
 
 def script(model: str, variant: str) -> pathlib.Path:
+    if model.startswith("tool_"):
+        return TOOL_RECIPES / f"run_qwen2.5_{model[len('tool_'):]}_{variant}.sh"
     return RECIPES / f"run_qwen2.5_{model}_{variant}.sh"
+
+
+ALL_MODELS = MODELS + tuple(f"tool_{m}" for m in MODELS)
 
 
 def record(tmp: pathlib.Path, path: pathlib.Path, **env_overrides: str) -> list[str]:
@@ -66,7 +72,7 @@ def record(tmp: pathlib.Path, path: pathlib.Path, **env_overrides: str) -> list[
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recorded")
-    return {f"{m}_{v}": record(tmp, script(m, v)) for m in MODELS for v in VARIANTS}
+    return {f"{m}_{v}": record(tmp, script(m, v)) for m in ALL_MODELS for v in VARIANTS}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +107,8 @@ def _get(config: dict, dotted: str):
     return config
 
 
-def test_all_nine_recipes_exist():
-    for m in MODELS:
+def test_all_eighteen_recipes_exist():
+    for m in ALL_MODELS:
         for v in VARIANTS:
             assert script(m, v).is_file()
 
@@ -131,7 +137,7 @@ PAPER_VALUES = {
 }
 
 
-@pytest.mark.parametrize("name", [f"{m}_{v}" for m in MODELS for v in VARIANTS])
+@pytest.mark.parametrize("name", [f"{m}_{v}" for m in ALL_MODELS for v in VARIANTS])
 def test_paper_settings(composed, name):
     if name not in composed:
         pytest.skip(f"{LAMINAR_GROUP.relative_to(REPO)} does not exist yet: the +laminar=enabled group cannot compose")
@@ -144,15 +150,15 @@ def test_paper_settings(composed, name):
     assert config["reward_model"]["reward_manager"] is None and config["custom_reward_function"]["path"] is None
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", ALL_MODELS)
 def test_placement_and_equal_gpus_for_recipe_and_baselines(composed, recorded, model):
     sync = composed[f"{model}_sync"]
     sep = composed[f"{model}_separate_async"]
     gpus = sync["trainer"]["n_gpus_per_node"]
     assert sync["trainer"]["v1"]["trainer_mode"] == "sync"
-    assert sync["trainer"]["nnodes"] * gpus == PAPER_GPUS[model]
+    assert sync["trainer"]["nnodes"] * gpus == PAPER_GPUS[model.removeprefix("tool_")]
     assert sep["trainer"]["v1"]["trainer_mode"] == "separate_async"
-    assert (sep["trainer"]["nnodes"] + sep["actor_rollout_ref"]["rollout"]["nnodes"]) * gpus == PAPER_GPUS[model]
+    assert (sep["trainer"]["nnodes"] + sep["actor_rollout_ref"]["rollout"]["nnodes"]) * gpus == PAPER_GPUS[model.removeprefix("tool_")]
     assert sep["actor_rollout_ref"]["hybrid_engine"] is False
     # verl's separate_async asserts these at start-up; one weight sync per step of 16 mini-batches
     assert sep["data"]["train_batch_size"] == (
@@ -170,6 +176,28 @@ def test_laminar_group_takes_over_the_trainer(composed):
     if "7b_laminar" not in composed:
         pytest.skip(f"{LAMINAR_GROUP.relative_to(REPO)} does not exist yet: the +laminar=enabled group cannot compose")
     assert composed["7b_laminar"]["trainer"]["v1"]["trainer_mode"] == "laminar"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("model", MODELS)
+def test_tool_calling_recipes_add_the_tool_task(composed, model, variant):
+    math, tool = composed[f"{model}_{variant}"], composed[f"tool_{model}_{variant}"]
+    rollout = tool["actor_rollout_ref"]["rollout"]
+    turns = rollout["multi_turn"]
+    assert turns["enable"] is True and turns["format"] == "hermes"
+    assert turns["max_user_turns"] == 8 and turns["max_assistant_turns"] == 9  # up to 8 tool calls, then the answer
+    assert rollout["agent"]["default_agent_loop"] == "tool_agent"
+    tool_yaml = yaml.safe_load(pathlib.Path(turns["tool_config_path"]).read_text())
+    assert tool_yaml["tools"][0]["class_name"] == "verl_laminar.tools.code_interpreter.CodeInterpreterTool"
+    assert turns["max_tool_response_length"] >= tool_yaml["tools"][0]["config"]["max_output_chars"]
+    reward_fn = tool["reward"]["custom_reward_function"]
+    assert pathlib.Path(reward_fn["path"]).resolve() == REPO / "verl_laminar" / "reward" / "tool_answer.py"
+    assert reward_fn["name"] == "compute_score"
+    assert "tool_math" in tool["data"]["train_files"]
+    # everything else is the math recipe's: same GPUs, same algorithm
+    for key in ("trainer.nnodes", "trainer.v1.trainer_mode", "actor_rollout_ref.rollout.nnodes",
+                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.rollout.tensor_model_parallel_size"):
+        assert _get(tool, key) == _get(math, key), key
 
 
 def test_shell_variables_override_the_defaults(tmp_path):

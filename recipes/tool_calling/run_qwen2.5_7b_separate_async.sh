@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Tool calling (DAPO-Math with a code interpreter, up to 8 calls), Qwen2.5-7B: verl's separate_async trainer, one global weight sync per step (baseline).
+# Settings and per-model GPU defaults live in ../dapo_math/common.sh; override any variable from the environment.
+# Usage: bash $0 [extra hydra overrides]      print the config only: bash $0 --cfg job
+MODEL_SIZE=7b VARIANT=separate_async TASK=tool_calling
+source "$(dirname "${BASH_SOURCE[0]}")/../dapo_math/common.sh"
