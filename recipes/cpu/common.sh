@@ -29,7 +29,22 @@ if [ "$TASK" = tool ]; then
   "$PY" -m verl_laminar.data.tool_math --toy --agent laminar_tool_guided --out "$OUT/tool_math" >/dev/null
   DATA=$OUT/tool_math
 fi
+TRAIN_ROWS=${TRAIN_ROWS:-}    # set: train on the first TRAIN_ROWS rows only, seen again every TRAIN_ROWS/BATCH steps
+if [ -n "$TRAIN_ROWS" ]; then
+  "$PY" - "$DATA" "$OUT/train_subset" "$TRAIN_ROWS" <<'PYEOF'
+import shutil, sys
+from pathlib import Path
+import pandas as pd
+src, dst, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+dst.mkdir(parents=True, exist_ok=True)
+pd.read_parquet(src / "train.parquet").head(n).to_parquet(dst / "train.parquet", index=False)
+shutil.copyfile(src / "val.parquet", dst / "val.parquet")
+PYEOF
+  DATA=$OUT/train_subset
+fi
 KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)
+EXECUTOR=${EXECUTOR:-mp}       # vLLM executor per replica; uni runs the model worker inside the engine-core process
+                               # (one process less per replica, ~0.7 GB of host memory on this stack)
 
 WORKLOAD=(
   algorithm.adv_estimator=grpo
@@ -56,6 +71,7 @@ WORKLOAD=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.rollout.max_num_seqs=32
   +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="$KV_BYTES"
+  +actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend="$EXECUTOR"
   trainer.nnodes=1
   trainer.total_training_steps="$STEPS"
   trainer.total_epochs=100

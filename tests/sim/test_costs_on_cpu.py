@@ -90,3 +90,25 @@ def test_tail_sigma_gives_p99_ten_times_median():
     from math import exp
 
     assert exp(2.3263478740408408 * P99_OVER_MEDIAN_SIGMA) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("model,tp", [(M7, 1), (M32, 4), (M72, 8)])
+def test_prefill_adds_causal_attention_over_the_prefix(model, tp):
+    c = rollout_costs(model, tp, P)
+    peak = tp * 989.5e12 * 0.6
+    mm = model.params - model.vocab * model.hidden  # the embedding is a lookup
+    lhd = model.layers * model.heads * model.head_dim
+    # rebuilding a 16K-token cache: 2 * matmul params FLOPs per token + 2 * lhd * L^2 for QK^T and AV
+    L = 16384
+    assert c.prefill_seconds(L, L) == pytest.approx((2 * mm * L + 2 * lhd * L * L) / peak)
+    # 100 new tokens after 1,000 cached: each attends to ~1,050 positions on average (the prefix grows
+    # from 1,000 to 1,100; continuous, as the decode roofline), 4 * lhd FLOPs per position
+    assert c.prefill_seconds(100, 1100) == pytest.approx((2 * mm * 100 + 4 * lhd * 1050 * 100) / peak)
+    assert c.prefill_seconds(0, 500) == 0.0
+
+
+def test_attention_share_of_a_16k_rebuild_on_7b():
+    # 2 * 28 * 28 * 128 * 16384 / (2 * 7.075e9) = 23%
+    c = rollout_costs(M7, 1, P)
+    share = c.prefill_seconds(16384, 16384) / (c.prefill_s_per_token * 16384) - 1
+    assert share == pytest.approx(0.2325, abs=1e-3)

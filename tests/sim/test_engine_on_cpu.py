@@ -26,3 +26,14 @@ def test_stop_and_horizon():
     assert seen == [0, 1, 2]
     e.run(stop=lambda: False, horizon=5.5)
     assert seen == [0, 1, 2, 3, 4, 5] and e.now == 5.0
+
+
+def test_paused_gc_restores_the_collector():
+    import gc
+
+    from verl_laminar.sim.engine import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()

@@ -47,6 +47,23 @@ def test_hill_climb_finds_the_peak_of_a_unimodal_curve(monkeypatch, peak):
     assert len(calls) == len(set(calls)) <= 5
 
 
+@pytest.mark.parametrize("peak", [72, 328, 456, 1008])
+def test_search_refines_the_coarse_optimum_to_one_machine(monkeypatch, peak):
+    calls = []
+
+    def fake(system, setup):
+        tg = setup.layout.trainer_gpus
+        calls.append(tg)
+        x = 1e6 - 1e3 * abs(tg - peak)
+        return Result(system, "7b", "math", 1024, tg, 1024 - tg, x, 1.0, x, trainer_idle_frac=0.3 if tg > peak else 0.0)
+
+    monkeypatch.setattr(search, "simulate", fake)
+    monkeypatch.setattr(search, "trainer_bound", lambda m, tg, p: math.inf)
+    res = search.best_split("laminar", "7b", "math", 1024, 0, P)
+    assert res.best.trainer_gpus == peak  # coarse candidates are 128 GPUs apart; the peak is not one of them
+    assert len(calls) == len(set(calls)) <= 14
+
+
 def row(system, task, model, gpus, x, stale=None, **kw):
     d = {"system": system, "task": task, "model": model, "gpus": gpus, "throughput": x, "trainer_gpus": gpus // 2,
          "gen_throughput": x, "staleness": {"hist": stale or {}}, "weight_wait_s": None, "kv_util": None}
@@ -75,6 +92,19 @@ def test_summary_averages_and_scaling():
     assert h["staleness_max"]["simulated"] == 1
     assert s["label"] == "SIMULATED" and set(h) == set(PAPER)
     assert s["staleness_laminar_math"]["count"] == 8
+
+
+def test_best_baseline_scaling_is_a_per_system_mean_over_models():
+    # like the paper's "at best 33.6% (AReaL, at most 39.2% for one model)"
+    rows = []
+    for model, (g0, g1) in {"7b": (16, 128), "32b": (64, 512)}.items():
+        for b in ("sync", "one_step", "streaming", "areal"):
+            x1 = 700.0 if (b, model) == ("areal", "7b") else 200.0
+            rows += [row(b, "math", model, g0, 100.0), row(b, "math", model, g1, x1)]
+        rows += [row("laminar", "math", model, g0, 100.0), row("laminar", "math", model, g1, 400.0)]
+    h = summarize(rows)["headline"]
+    assert h["best_baseline_scaling_math"]["simulated"] == pytest.approx((7 / 8 + 2 / 8) / 2, abs=1e-3)
+    assert h["best_baseline_scaling_one_model_math"]["simulated"] == pytest.approx(7 / 8, abs=1e-3)
 
 
 def test_scaling_is_throughput_gain_over_gpu_gain():

@@ -23,9 +23,9 @@ class Sink:
         self.drained.append(round(t, 9))
 
 
-def make(cost=FLAT, cap=10**6, max_seqs=64, pf=0.0, c_max=0.99):
+def make(cost=FLAT, cap=10**6, max_seqs=64, pf=0.0, c_max=0.99, pa=0.0):
     e, sink = Engine(), Sink()
-    costs = RolloutCosts(cost, pf, cap, max_seqs, c_max, 8)
+    costs = RolloutCosts(cost, pf, cap, max_seqs, c_max, 8, pa)
     return e, sink, Rollout(0, 0, costs, e, sink)
 
 
@@ -120,3 +120,14 @@ def test_interrupt_reprefills_the_whole_context_and_marks_mixed():
     e.run(stop=lambda: False)
     assert s.mixed and s.version == 1 and s.first_version == 0
     assert sink.done[0][1] == pytest.approx(0.1 + 2.0 + 0.5 + 0.15)
+
+
+def test_interrupt_rebuild_pays_attention_over_the_square_of_each_context():
+    e, sink, r = make(pf=0.001, pa=1e-6)
+    s = seq(0, 100, [200])
+    r.submit([s], 0.0)  # prompt prefill: 0.001 * 100 + 1e-6 * 100 * (2 * 100 - 100) = 0.11 s
+    e.run(stop=lambda: False, horizon=0.61)
+    e.now = 0.61
+    r.interrupt(version=1, load_s=0.5)  # 50 tokens decoded, L = 150: 0.15 + 1e-6 * 150^2 = 0.1725 s
+    e.run(stop=lambda: False)
+    assert sink.done[0][1] == pytest.approx(0.11 + 2.0 + 0.5 + 0.1725)

@@ -61,6 +61,20 @@ def test_areal_mixes_versions_and_measures_from_the_first_token():
         assert stale == trainer_version_at(sim.meter.publish, t) - first
 
 
+def test_areal_interrupt_stall_is_every_rollouts_load_plus_rebuild():
+    sim = AReaL(setup(trace=True))
+    res = sim.run()
+    a, b = sim.meter.window()
+    # each publication stalls every rollout for at least the broadcast, and the rebuild on top
+    for t, lost in sim.stalls:
+        assert lost >= len(sim.rollouts) * sim.bcast - 1e-9
+    # the traced pause also holds a prefill that was already under way, which the stall leaves out
+    per_rollout = [e - s for rid, kind, s, e in sim.trace if kind == "interrupt" and a < s <= b]
+    lower = sum(lost for t, lost in sim.stalls if a < t <= b) / ((b - a) * len(sim.rollouts))
+    assert res.interrupt_frac == pytest.approx(lower)
+    assert 0 < res.interrupt_frac <= sum(per_rollout) / ((b - a) * len(sim.rollouts)) < 1
+
+
 @pytest.mark.parametrize("system,max_stale", [("sync", 0), ("one_step", 1), ("streaming", 1)])
 def test_global_update_systems_bound_staleness(system, max_stale):
     res = simulate(system, setup(colocated=system == "sync"))

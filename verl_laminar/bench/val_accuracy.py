@@ -50,11 +50,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--model", action="append", help="HF model dir (repeatable); default: the fixture model")
     ap.add_argument("--tokenizer", default=None, help="default: the fixture model's tokenizer")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--data", default=None, help="parquet file of rows to score (default: the toy math val split)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     tokenizer = args.tokenizer or str(model_dir())
     models = args.model or [str(model_dir())]
-    result = {m: evaluate(m, tokenizer, str(toy_math_path("val")), args.max_tokens) for m in models}
+    result = {m: evaluate(m, tokenizer, args.data or str(toy_math_path("val")), args.max_tokens) for m in models}
     print(json.dumps(result, indent=2) if args.json else result)
     return 0
 

@@ -117,7 +117,12 @@ class Publisher:
             except BufferError:  # a caller still holds a view of it; it is unmapped when that goes
                 logger.debug("publish buffer %s still referenced; leaving the unmap to its owner", used[1])
         if nbytes:
-            self.prepare(nbytes)
+            try:
+                self.prepare(nbytes)
+            except OSError as e:
+                # The master relay went away (shutdown after the last publish, or a failover in progress): the next
+                # publish finds no warm buffer and takes the begin/end path, which raises if the relay is still gone.
+                logger.info("could not pre-map the next publish buffer (%s); the next publish will not be warm", e)
 
     def publish_bytes(self, version: int, data: Any) -> float:
         return self.publish_parts(version, memoryview(data).nbytes, [(0, data)])

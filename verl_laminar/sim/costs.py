@@ -19,11 +19,29 @@ class RolloutCosts:
     """What a ``tp``-GPU rollout of a model costs to run."""
 
     decode: DecodeCost
-    prefill_s_per_token: float  # compute-bound prefill, seconds per prompt token
+    prefill_s_per_token: float  # compute-bound prefill, seconds per prompt token (the weight matmuls)
     kv_capacity: int  # tokens
     max_seqs: int
     c_max: float
     repack_batch: int  # B from the roofline
+    # Attention of a prefill, seconds per (new token x context position): see ``prefill_seconds``.
+    prefill_attn_s: float = 0.0
+
+    def prefill_seconds(self, new: float, ctx_after: float) -> float:
+        """Compute-bound prefill of ``new`` tokens that bring a sequence's context to ``ctx_after``.
+
+        The matmuls cost 2 x matmul params FLOPs per token (``prefill_s_per_token``). Each new token
+        at position j also attends to the j positions before it: QK^T and AV are 4 x head_dim FLOPs
+        per head, layer and position, the same 4 * layers * heads * head_dim per cached token that a
+        decode step pays. Summed over positions ctx_after - new + 1 .. ctx_after that is
+        ``2 * layers * heads * head_dim * new * (2 * ctx_after - new)`` FLOPs (``prefill_attn_s`` is
+        its coefficient over the rollout's effective peak). A short prompt hardly notices the term;
+        re-prefilling a 16K-token context pays ~23% (7B) more than the matmuls alone, so a system
+        that rebuilds long in-flight caches pays for their length squared, as the GPU does.
+        """
+        if new <= 0:
+            return 0.0
+        return self.prefill_s_per_token * new + self.prefill_attn_s * new * (2.0 * ctx_after - new)
 
 
 def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
@@ -32,6 +50,8 @@ def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
     if free <= 0:
         raise ValueError(f"{model.name} does not fit a rollout of tp={tp} on {dev.name}: raise tp")
     per_token = prefill_time(model, dev, 1e6, tp, inf.efficiency) / 1e6
+    # causal attention over the prefix: 2 * layers * heads * head_dim FLOPs per (token, position) pair
+    attn = 2.0 * model.layers * model.heads * model.head_dim / (tp * dev.peak_flops * inf.efficiency.compute)
     return RolloutCosts(
         decode=decode_cost(model, dev, tp, inf.efficiency),
         prefill_s_per_token=per_token,
@@ -39,6 +59,7 @@ def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
         max_seqs=inf.max_num_seqs,
         c_max=inf.c_max,
         repack_batch=compute_bound_batch(model, dev, tp),  # datasheet ridge, as the paper
+        prefill_attn_s=attn,
     )
 
 

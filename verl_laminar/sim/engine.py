@@ -7,9 +7,28 @@ events from before their last reschedule, which is cheaper than deleting from th
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Run a simulation without Python's cyclic garbage collector.
+
+    A run allocates ~10^5 trajectory objects that live until it ends; each collection re-scans them
+    all, which cost about a third of a run's CPU time. Their reference cycles (a group and its
+    trajectories) are reclaimed when the collector is switched back on after the run.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Engine:

@@ -37,7 +37,7 @@ class Rollout:
     def __init__(self, rid: int, machine: int, costs: RolloutCosts, engine: Engine, sink: Sink, quantum: float = 0.0,
                  tool_quantum: float = 0.0):
         self.rid, self.machine = rid, machine
-        self.cost, self.pf = costs.decode, costs.prefill_s_per_token
+        self.cost, self.pf, self.pa = costs.decode, costs.prefill_s_per_token, costs.prefill_attn_s
         self.cap, self.max_seqs = costs.kv_capacity, costs.max_seqs
         self.admit_limit = costs.c_max * costs.kv_capacity
         self.quantum = quantum
@@ -113,8 +113,17 @@ class Rollout:
         self._schedule()
 
     def interrupt(self, version: int, load_s: float) -> None:
-        """AReaL: load new weights, then re-prefill every running sequence's whole context."""
+        """AReaL: load new weights, then re-prefill every running sequence's whole context.
+
+        Each sequence's cache is rebuilt from its first token, so its attention costs grow with the
+        square of its context (``RolloutCosts.prefill_seconds`` with new = ctx_after = L).
+        """
         self._sync(self.engine.now)
+        tau, pf, pa = self.tau, self.pf, self.pa
+        rebuild = 0.0
+        for s in self.running.values():
+            length = s.ctx + tau - s.admit_tau
+            rebuild += pf * length + pa * length * length
         for s in self.running.values():
             s.version, s.mixed = version, True
         for s in self.waiting:
@@ -124,7 +133,7 @@ class Rollout:
                 s.first_version = version
             s.version = version
         self.version = version
-        self.t = max(self.t, self.engine.now) + load_s + self.pf * self.ctx()
+        self.t = max(self.t, self.engine.now) + load_s + rebuild
         self._schedule()
 
     # -- internals -----------------------------------------------------------------------------
@@ -164,13 +173,15 @@ class Rollout:
             if running and c + s.ctx > limit:
                 break
             w.popleft()
-            prefill += s.prefill
-            s.prefill = 0.0
+            if s.prefill:
+                # new tokens attend to the prefix already cached plus each other (see prefill_seconds)
+                prefill += self.pf * s.prefill + self.pa * s.prefill * (2.0 * s.ctx - s.prefill)
+                s.prefill = 0.0
             self._start(s)
             c += s.ctx
             room -= 1
         if prefill:
-            self.t += self.pf * prefill  # prefill runs in place of decode steps
+            self.t += prefill  # prefill runs in place of decode steps
 
     def _schedule(self) -> None:
         self._epoch += 1

@@ -42,6 +42,45 @@ def trainer_bound(model: str, trainer_gpus: int, p: SimParams) -> float:
     return trainer_gpus * p.device.peak_flops * t.mfu / (t.flops_per_param_token * MODELS[model].params)
 
 
+def _score_split(tg: int, runs: dict[int, Result], system: str, model: str, task: str, gpus: int, seed: int,
+                 p: SimParams) -> float:
+    """Throughput at ``tg`` trainer GPUs (memoized in ``runs``); -1 when the trainer alone cannot win."""
+    if tg not in runs:
+        best = max((r.throughput for r in runs.values()), default=0.0)
+        if runs and trainer_bound(model, tg, p) <= best:
+            return -1.0  # cannot win
+        runs[tg] = simulate(system, Setup(model, task, default_layout(model, gpus, tg, p), seed, p))
+    return runs[tg].throughput
+
+
+def _refine(cands: list[int], runs: dict[int, Result], score_at, machine: int, lo: int, hi: int) -> None:
+    """Narrow the coarse optimum down to whole machines.
+
+    The coarse grid (eighths of the cluster) leaves up to an eighth of the cluster between the best
+    split and its neighbours -- 128 GPUs at 1,024 -- and two systems whose rollouts differ in
+    efficiency can land on the same coarse point, both held to the trainer's rate there. The paper
+    tuned each split (Step 4), so the search halves its step around the best split until it is one
+    machine, moving while throughput improves: about log2(cluster / 8 / machine) extra runs per side.
+    """
+    best = max(runs, key=lambda k: runs[k].throughput)
+    i = cands.index(best) if best in cands else 0
+    gaps = [abs(cands[j] - best) for j in (i - 1, i + 1) if 0 <= j < len(cands)]
+    step = (max(gaps) if gaps else machine) // 2
+    step = machine * max(1, round(step / machine)) if step >= machine else 0
+    while step >= machine:
+        here = runs[best].throughput
+        moved = False
+        idle = runs[best].trainer_idle_frac or 0.0
+        # an idle trainer waits for data: give rollouts more GPUs first
+        for d in ((-step, step) if idle > IDLE_HINT else (step, -step)):
+            tg = best + d
+            if lo <= tg <= hi and score_at(tg) > here:
+                best, moved = tg, True
+                break
+        if not moved:
+            step = machine * (step // machine // 2) if step >= 2 * machine else 0
+
+
 @dataclass
 class SearchResult:
     best: Result
@@ -58,13 +97,7 @@ def best_split(system: str, model: str, task: str, gpus: int, seed: int, p: SimP
     runs: dict[int, Result] = {}
 
     def score(i: int) -> float:
-        tg = cands[i]
-        if tg not in runs:
-            best = max((r.throughput for r in runs.values()), default=0.0)
-            if runs and trainer_bound(model, tg, p) <= best:
-                return -1.0  # cannot win
-            runs[tg] = simulate(system, Setup(model, task, default_layout(model, gpus, tg, p), seed, p))
-        return runs[tg].throughput
+        return _score_split(cands[i], runs, system, model, task, gpus, seed, p)
 
     i = (len(cands) - 1) // 2
     here = score(i)
@@ -76,6 +109,8 @@ def best_split(system: str, model: str, task: str, gpus: int, seed: int, p: SimP
             j += step
         if j != i:
             break  # the first direction that improves is the slope; the other side is worse
+    _refine(cands, runs, score_at=lambda tg: _score_split(tg, runs, system, model, task, gpus, seed, p),
+            machine=p.network.gpus_per_machine, lo=cands[0], hi=cands[-1])
     best = max(runs.values(), key=lambda r: r.throughput)
     logger.debug("%s %s %s %d GPUs: tried %s (start %.0f)", system, model, task, gpus, sorted(runs), here)
     return SearchResult(best, {k: v.throughput for k, v in sorted(runs.items())})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from verl_laminar.sim.engine import paused_gc
 from verl_laminar.sim.systems.areal import AReaL
 from verl_laminar.sim.systems.base import Layout, Result, Setup, default_layout
 from verl_laminar.sim.systems.laminar import Laminar
@@ -25,7 +26,8 @@ COLOCATED = frozenset({"sync"})
 def simulate(system: str, setup: Setup) -> Result:
     if system not in SYSTEMS:
         raise ValueError(f"unknown system {system!r}; choose one of {sorted(SYSTEMS)}")
-    res = SYSTEMS[system](setup).run()
+    with paused_gc():
+        res = SYSTEMS[system](setup).run()
     res.system = system
     return res
 

@@ -22,6 +22,7 @@ class AReaL(AsyncBase):
         self.mixed = 0
         self._since = [0.0] * len(self.rollouts)  # when each rollout last resumed generating (trace)
         self.done_trajectories = 0
+        self.stalls: list[tuple[float, float]] = []  # (publication time, rollout-seconds stalled by it)
 
     def start(self, t: float) -> None:
         for r in self.rollouts:
@@ -48,14 +49,21 @@ class AReaL(AsyncBase):
 
     def on_train_end(self, t: float) -> None:
         # every rollout takes part in the broadcast, then rebuilds all its caches with the new weights
+        stalled = 0.0
         for r in self.rollouts:
             self.record(r.rid, "gen", self._since[r.rid], t)
+            busy_until = max(r.t, t)  # a prefill already under way finishes first
             r.interrupt(self.version + 1, self.bcast)
+            stalled += r.t - busy_until
             self.record(r.rid, "interrupt", t, r.t)
             self._since[r.rid] = r.t
+        self.stalls.append((t, stalled))
 
     def finish(self) -> Result:
-        res = self.meter.result("areal", self.setup, events=self.engine.events)
+        a, b = self.meter.window()
+        lost = sum(x for t, x in self.stalls if a < t <= b)
+        res = self.meter.result("areal", self.setup, events=self.engine.events,
+                                interrupt_frac=lost / max((b - a) * len(self.rollouts), 1e-9))
         res.staleness["mixed_version_frac"] = round(self.mixed / max(self.done_trajectories, 1), 4)
         res.trace = self.trace
         return res

@@ -81,6 +81,7 @@ class Result:
     repacks: int = 0
     migrations: int = 0
     trainer_idle_frac: Optional[float] = None
+    interrupt_frac: Optional[float] = None  # share of rollout time stalled by weight updates (AReaL)
     events: int = 0
     trace: list = field(default_factory=list, repr=False)
     staleness_values: list = field(default_factory=list, repr=False)
