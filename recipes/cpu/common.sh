@@ -43,8 +43,6 @@ PYEOF
   DATA=$OUT/train_subset
 fi
 KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)
-EXECUTOR=${EXECUTOR:-mp}       # vLLM executor per replica; uni runs the model worker inside the engine-core process
-                               # (one process less per replica, ~0.7 GB of host memory on this stack)
 
 WORKLOAD=(
   algorithm.adv_estimator=grpo
@@ -71,7 +69,6 @@ WORKLOAD=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO"
   actor_rollout_ref.rollout.max_num_seqs=32
   +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="$KV_BYTES"
-  +actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend="$EXECUTOR"
   trainer.nnodes=1
   trainer.total_training_steps="$STEPS"
   trainer.total_epochs=100
