@@ -152,7 +152,8 @@ if [ "$TASK" = tool_calling ]; then
         actor_rollout_ref.rollout.multi_turn.max_tool_response_length="$MAX_TOOL_RESPONSE_LENGTH"
         actor_rollout_ref.rollout.multi_turn.tool_config_path="$TOOL_CONFIG"
         actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
-        reward.custom_reward_function.path="$RECIPES_DIR/../verl_laminar/reward/tool_answer.py"
+        # pkg:// resolves on whichever node runs the reward worker (a repository path may exist only on the head)
+        reward.custom_reward_function.path=pkg://verl_laminar.reward.tool_answer
         reward.custom_reward_function.name=compute_score
     )
 fi

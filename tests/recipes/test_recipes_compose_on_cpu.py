@@ -191,7 +191,7 @@ def test_tool_calling_recipes_add_the_tool_task(composed, model, variant):
     assert tool_yaml["tools"][0]["class_name"] == "verl_laminar.tools.code_interpreter.CodeInterpreterTool"
     assert turns["max_tool_response_length"] >= tool_yaml["tools"][0]["config"]["max_output_chars"]
     reward_fn = tool["reward"]["custom_reward_function"]
-    assert pathlib.Path(reward_fn["path"]).resolve() == REPO / "verl_laminar" / "reward" / "tool_answer.py"
+    assert reward_fn["path"] == "pkg://verl_laminar.reward.tool_answer"
     assert reward_fn["name"] == "compute_score"
     assert "tool_math" in tool["data"]["train_files"]
     # everything else is the math recipe's: same GPUs, same algorithm

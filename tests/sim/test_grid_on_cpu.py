@@ -29,8 +29,8 @@ def test_candidate_splits_refuse_a_cluster_too_small():
         search.candidate_splits("72b", 32, P)
 
 
-@pytest.mark.parametrize("peak", [8, 24, 40, 56])
-def test_hill_climb_finds_the_peak_of_a_unimodal_curve(monkeypatch, peak):
+def _unimodal_search(monkeypatch, peak: int, gpus: int):
+    """best_split over a fake throughput curve peaking at ``peak`` trainer GPUs; returns (result, GPUs tried)."""
     calls = []
 
     def fake(system, setup):
@@ -38,28 +38,24 @@ def test_hill_climb_finds_the_peak_of_a_unimodal_curve(monkeypatch, peak):
         calls.append(tg)
         x = 1e6 - 1e3 * abs(tg - peak)
         # the trainer idles when it has more GPUs than the balanced split needs
-        return Result(system, "7b", "math", 64, tg, 64 - tg, x, 1.0, x, trainer_idle_frac=0.3 if tg > peak else 0.0)
+        return Result(system, "7b", "math", gpus, tg, gpus - tg, x, 1.0, x,
+                      trainer_idle_frac=0.3 if tg > peak else 0.0)
 
     monkeypatch.setattr(search, "simulate", fake)
     monkeypatch.setattr(search, "trainer_bound", lambda m, tg, p: math.inf)
-    res = search.best_split("laminar", "7b", "math", 64, 0, P)
+    return search.best_split("laminar", "7b", "math", gpus, 0, P), calls
+
+
+@pytest.mark.parametrize("peak", [8, 24, 40, 56])
+def test_hill_climb_finds_the_peak_of_a_unimodal_curve(monkeypatch, peak):
+    res, calls = _unimodal_search(monkeypatch, peak, 64)
     assert res.best.trainer_gpus == peak
     assert len(calls) == len(set(calls)) <= 5
 
 
 @pytest.mark.parametrize("peak", [72, 328, 456, 1008])
 def test_search_refines_the_coarse_optimum_to_one_machine(monkeypatch, peak):
-    calls = []
-
-    def fake(system, setup):
-        tg = setup.layout.trainer_gpus
-        calls.append(tg)
-        x = 1e6 - 1e3 * abs(tg - peak)
-        return Result(system, "7b", "math", 1024, tg, 1024 - tg, x, 1.0, x, trainer_idle_frac=0.3 if tg > peak else 0.0)
-
-    monkeypatch.setattr(search, "simulate", fake)
-    monkeypatch.setattr(search, "trainer_bound", lambda m, tg, p: math.inf)
-    res = search.best_split("laminar", "7b", "math", 1024, 0, P)
+    res, calls = _unimodal_search(monkeypatch, peak, 1024)
     assert res.best.trainer_gpus == peak  # coarse candidates are 128 GPUs apart; the peak is not one of them
     assert len(calls) == len(set(calls)) <= 14
 
