@@ -31,15 +31,7 @@ if [ "$TASK" = tool ]; then
 fi
 TRAIN_ROWS=${TRAIN_ROWS:-}    # set: train on the first TRAIN_ROWS rows only, seen again every TRAIN_ROWS/BATCH steps
 if [ -n "$TRAIN_ROWS" ]; then
-  "$PY" - "$DATA" "$OUT/train_subset" "$TRAIN_ROWS" <<'PYEOF'
-import shutil, sys
-from pathlib import Path
-import pandas as pd
-src, dst, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-dst.mkdir(parents=True, exist_ok=True)
-pd.read_parquet(src / "train.parquet").head(n).to_parquet(dst / "train.parquet", index=False)
-shutil.copyfile(src / "val.parquet", dst / "val.parquet")
-PYEOF
+  "$PY" -m verl_laminar.data.subset "$DATA" "$OUT/train_subset" "$TRAIN_ROWS"
   DATA=$OUT/train_subset
 fi
 KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)

@@ -3,7 +3,9 @@
 import pandas as pd
 import pytest
 
-from verl_laminar.data.tool_math import DATA_SOURCE, TOY_DIR, ToolRowError, main, to_tool_rows
+from verl_laminar.data import TOY_MATH_DIR as TOY_DIR
+from verl_laminar.data.subset import write_head
+from verl_laminar.data.tool_math import DATA_SOURCE, ToolRowError, main, problem_text, to_tool_rows
 
 
 def test_toy_set_converts_keeping_problem_and_truth(tmp_path):
@@ -34,3 +36,23 @@ def test_problem_falls_back_to_the_user_message():
 def test_bad_rows_are_named(row, field):
     with pytest.raises(ToolRowError, match=rf"row 1: .*{field}"):
         to_tool_rows([{"prompt": [{"role": "user", "content": "ok"}], "reward_model": {"ground_truth": "1"}}, row])
+
+
+@pytest.mark.parametrize("extra, messages, expected", [
+    ({"problem": "What is 1 + 2?"}, [{"role": "user", "content": "ignored"}], "What is 1 + 2?"),
+    (None, [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "b"),
+    ({}, [{"role": "system", "content": "s"}], None),
+    (None, None, None),
+])
+def test_problem_text(extra, messages, expected):
+    assert problem_text(extra, messages) == expected
+
+
+def test_train_head_subset(tmp_path):
+    write_head(TOY_DIR, tmp_path, 32)
+    head = pd.read_parquet(tmp_path / "train.parquet")
+    assert head.equals(pd.read_parquet(TOY_DIR / "train.parquet").head(32))
+    assert len(pd.read_parquet(tmp_path / "val.parquet")) == len(pd.read_parquet(TOY_DIR / "val.parquet"))
+    for bad in (0, 10_000):
+        with pytest.raises(ValueError, match="TRAIN_ROWS"):
+            write_head(TOY_DIR, tmp_path / "bad", bad)

@@ -16,6 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
+from verl_laminar.data import toy_math_path
+
 logger = logging.getLogger(__name__)
 
 DATA_SOURCE = "tool_math"
@@ -25,22 +27,25 @@ INSTRUCTION = (
     f"{MAX_TOOL_CALLS} times; print every value you need. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}"
 )
-TOY_DIR = Path(__file__).resolve().parent / "toy_math"
 
 
 class ToolRowError(ValueError):
     """A math row that cannot become a tool-calling row; the message names the row and the missing field."""
 
 
+def problem_text(extra_info: Any, messages: Any) -> str | None:
+    """A row's problem: ``extra_info.problem``, else the last user message's text; None when neither exists."""
+    if extra_info and extra_info.get("problem"):
+        return str(extra_info["problem"])
+    users = [m.get("content") for m in (list(messages) if messages is not None else []) if m.get("role") == "user"]
+    return str(users[-1]) if users and users[-1] else None
+
+
 def _problem_of(row: dict[str, Any], i: int) -> str:
-    extra = row.get("extra_info") or {}
-    if extra.get("problem"):
-        return str(extra["problem"])
-    prompt = row.get("prompt")
-    users = [m.get("content") for m in (list(prompt) if prompt is not None else []) if m.get("role") == "user"]
-    if not users or not users[-1]:
+    problem = problem_text(row.get("extra_info"), row.get("prompt"))
+    if problem is None:
         raise ToolRowError(f"row {i}: no extra_info.problem and no user message in 'prompt' to take the problem from")
-    return str(users[-1])
+    return problem
 
 
 def to_tool_rows(rows: Iterable[dict[str, Any]], agent_name: str = "tool_agent") -> list[dict[str, Any]]:
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--agent", default="tool_agent", help="agent_name written into every row (default: tool_agent)")
     args = p.parse_args(argv)
-    inputs = [TOY_DIR / "train.parquet", TOY_DIR / "val.parquet"] if args.toy else args.input
+    inputs = [toy_math_path("train"), toy_math_path("val")] if args.toy else args.input
     for path in inputs:
         convert(path, args.out / path.name, args.agent)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
+from verl_laminar.data.tool_math import problem_text
 from verl_laminar.tools.guided import hermes_call_regex, operands
 
 logger = logging.getLogger(__name__)
@@ -37,11 +38,8 @@ class GuidedToolAgentLoop(ToolAgentLoop):
         self._regex: str | None = None
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-        extra = kwargs.get("extra_info") or {}
-        problem = extra.get("problem")
-        if problem is None:  # rows without extra_info.problem: fall back to the user's text
-            problem = " ".join(str(m.get("content", "")) for m in kwargs.get("raw_prompt", []) if m.get("role") == "user")
-        self._regex = hermes_call_regex(self.tool_name, operands(str(problem)), self.operators)
+        problem = problem_text(kwargs.get("extra_info"), kwargs.get("raw_prompt")) or ""
+        self._regex = hermes_call_regex(self.tool_name, operands(problem), self.operators)
         return await super().run(sampling_params, **kwargs)
 
     async def _handle_generating_state(self, agent_data: Any, sampling_params: dict[str, Any],
