@@ -112,3 +112,19 @@ def test_attention_share_of_a_16k_rebuild_on_7b():
     c = rollout_costs(M7, 1, P)
     share = c.prefill_seconds(16384, 16384) / (c.prefill_s_per_token * 16384) - 1
     assert share == pytest.approx(0.2325, abs=1e-3)
+
+
+def test_g2g_full_weights_from_rank0_is_opt_in_and_hand_computed():
+    """AReaL's and verl's wiring: rank 0 sends all W bytes down one chain through every rollout GPU."""
+    import dataclasses as dc
+
+    full = dc.replace(P, network=dc.replace(P.network, g2g_full_weights=True))
+    assert P.network.g2g_full_weights is False  # the default keeps the per-shard broadcast
+    bw = 50e9 * 0.8
+    # 32B, 16 rollouts of 4 GPUs: 65 members, 65.6 GB per hop
+    expected = t_star(16 * 4 + 1, 32.8e9 * 2, 1 / bw, 20e-6) + 0.5
+    assert g2g_broadcast(M32, 4, 16, full) == pytest.approx(expected)
+    assert g2g_broadcast(M32, 4, 16, full) > g2g_broadcast(M32, 4, 16, P) + 1.0  # ~1.64 s vs ~0.41 s of transfer
+    assert g2g_broadcast(M32, 4, 0, full) == 0.0
+    # one GPU per rollout (7B): the two wirings coincide
+    assert g2g_broadcast(M7, 1, 64, full) == pytest.approx(g2g_broadcast(M7, 1, 64, P))

@@ -75,6 +75,23 @@ def test_areal_interrupt_stall_is_every_rollouts_load_plus_rebuild():
     assert 0 < res.interrupt_frac <= sum(per_rollout) / ((b - a) * len(sim.rollouts)) < 1
 
 
+def test_areal_full_weight_broadcast_is_opt_in_and_stalls_every_rollout_longer():
+    """``network.g2g_full_weights``: AReaL's own wiring (rank 0 sends all W to every rollout GPU)."""
+    from verl_laminar.sim.costs import g2g_broadcast
+    from verl_laminar.sim.params import MODELS
+
+    full = dc.replace(SMALL, network=dc.replace(SMALL.network, g2g_full_weights=True))
+    runs = {}
+    for name, p in (("shard", SMALL), ("full", full)):
+        sim = AReaL(Setup("32b", "math", default_layout("32b", 32, 16, p), 0, p))
+        runs[name] = (sim, sim.run())
+        assert sim.bcast == pytest.approx(g2g_broadcast(MODELS["32b"], 4, 4, p))
+        for t, lost in sim.stalls:
+            assert lost >= len(sim.rollouts) * sim.bcast - 1e-9
+    assert runs["full"][0].bcast > runs["shard"][0].bcast + 1.0  # 65.6 GB instead of a 16.4 GB shard per GPU
+    assert runs["full"][1].throughput < runs["shard"][1].throughput
+
+
 @pytest.mark.parametrize("system,max_stale", [("sync", 0), ("one_step", 1), ("streaming", 1)])
 def test_global_update_systems_bound_staleness(system, max_stale):
     res = simulate(system, setup(colocated=system == "sync"))

@@ -123,13 +123,18 @@ def g2g_broadcast(model: ModelShape, tp: int, receivers: int, p: SimParams) -> f
     """GPU-to-GPU weight sync from the trainer to ``receivers`` rollouts at once (NCCL).
 
     NCCL's broadcast is a pipelined chain like the relays', so ``t_star`` prices it, with each of the
-    ``tp`` shards on its own GPU's NIC; plus the gather and set-up outside the transfer.
+    ``tp`` shards on its own GPU's NIC; plus the gather and set-up outside the transfer. With
+    ``network.g2g_full_weights`` (AReaL's and verl's wiring, off by default) trainer rank 0 sends the
+    full weights down one chain through every rollout GPU: W bytes per hop, receivers x tp + 1 members.
     """
     if receivers <= 0:
         return 0.0
     net = p.network
     bw = net.ib_bandwidth_per_gpu * net.nccl_efficiency
-    move = chain.t_star(receivers + 1, model.weight_bytes / tp, 1.0 / bw, net.nccl_hop_latency_s)
+    if net.g2g_full_weights:
+        move = chain.t_star(receivers * tp + 1, model.weight_bytes, 1.0 / bw, net.nccl_hop_latency_s)
+    else:
+        move = chain.t_star(receivers + 1, model.weight_bytes / tp, 1.0 / bw, net.nccl_hop_latency_s)
     return move + net.g2g_fixed_s
 
 

@@ -48,6 +48,17 @@ class Network:
     # GPU-to-GPU weight sync outside the transfer itself: gathering FSDP shards into the rollout layout
     # bucket by bucket and the collective's set-up -- assumption (swept).
     g2g_fixed_s: float = 0.5
+    # Optional, off by default: GPU-to-GPU sync as AReaL and verl actually wire it. Trainer rank 0
+    # gathers each full tensor (FSDP full_tensor()) and broadcasts it over one NCCL group made of
+    # itself and every rollout GPU, so each rollout GPU receives all W bytes and keeps its shard --
+    # AReaL: FSDP engine ``_update_weights_from_distributed`` (dist.broadcast(src=0) over
+    # ``weight_update_group``) and remote engine ``init_weights_update_group`` (world size = generation
+    # world size + 1); verl 0.9.1: ``checkpoint_engine/nccl_checkpoint_engine.py`` (one sender, actor
+    # rank 0, plus the rollout workers). Off, each of a rollout's tp GPUs receives only its W/tp shard
+    # on its own NIC (a resharding broadcast neither system implements). It applies to every system
+    # that syncs GPU to GPU (one-step, streaming, AReaL, Laminar without relays); tp = 1 (7B) is
+    # unchanged. Swept as ``g2g_full_weights_rank0``; docs/simulator.md gives its effect.
+    g2g_full_weights: bool = False
 
 
 # Decode efficiency -- one setting for every system. Weight GEMVs and cache reads reach ~80% of HBM

@@ -55,6 +55,8 @@ VARIATIONS: dict[str, Callable[[SimParams], SimParams]] = {
     "g2g_fixed_0.1s": lambda p: _net(p, g2g_fixed_s=0.1),
     # paper, Step 2: through shared storage one 4 GB shard takes ~8 s to serialize and 10-20 s to move
     "g2g_via_storage_20s": lambda p: _net(p, g2g_fixed_s=20.0),
+    # AReaL's and verl's NCCL sync: trainer rank 0 broadcasts the full weights to every rollout GPU
+    "g2g_full_weights_rank0": lambda p: _net(p, g2g_full_weights=True),
     "async_buffer_0.5_steps": lambda p: _sched(p, async_buffer_steps=0.5),
     "async_buffer_2_steps": lambda p: _sched(p, async_buffer_steps=2.0),
     "h200": lambda p: dc.replace(p, device=H200),
