@@ -138,3 +138,20 @@ def _timed(fn, *args):
     t0 = time.process_time()
     fn(*args)
     return time.process_time() - t0
+
+
+def test_kv_history_measures_the_fall_from_the_peak():
+    from verl_laminar.policy.repack import KvHistory
+
+    h = KvHistory()
+    first = h.observe(0, version=3, kv_tokens=900, kv_capacity=CAP, seq_ids=range(8))
+    assert first.prev_kv_used is None and not is_candidate(first, CFG)  # no history yet
+    tail = h.observe(0, 3, 200, CAP, seq_ids=[1, 2])
+    assert tail.prev_kv_used == pytest.approx(0.9) and is_candidate(tail, CFG)
+    # the tail's caches grow a little between readings: still far below the peak, still a candidate
+    assert is_candidate(h.observe(0, 3, 210, CAP, seq_ids=[1, 2]), CFG)
+    # a refresh (new version) starts a new history, so a half-filled new batch is not a tail
+    assert h.observe(0, 4, 100, CAP, seq_ids=[5]).prev_kv_used is None
+    h.observe(0, 4, 500, CAP, seq_ids=[5, 6])
+    h.reset(0)  # after receiving sequences the receiver's history restarts as well
+    assert h.observe(0, 4, 400, CAP, seq_ids=[5, 6]).prev_kv_used is None

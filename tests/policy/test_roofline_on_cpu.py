@@ -117,3 +117,31 @@ def test_batch_from_a_measured_profile():
     assert batch_from_profile({1: 1.0}) == 1
     with pytest.raises(ValueError, match="batch size 1"):
         batch_from_profile({2: 1.0, 4: 1.0})
+
+
+@pytest.mark.parametrize(
+    "profile,expected",
+    [
+        # measured on vLLM-CPU (ms): slope (77.4-39.1)/8 = 4.8 ms per sequence; 4.8 * 4 <= 21.3 < 4.8 * 8
+        ({1: 21.3, 2: 31.1, 4: 38.0, 8: 39.1, 16: 77.4}, 4),
+        # a GPU-like profile, flat to 64 then linear: slope 0.5, t1 = 30 -> 60 would be the crossover; 32 profiled
+        ({1: 30.0, 2: 30.0, 8: 30.1, 32: 30.5, 64: 32.0, 128: 64.0}, 32),
+        # still flat at the largest batch: B is at least that batch
+        ({1: 10.0, 4: 10.0, 16: 10.0}, 16),
+        # compute-bound from the start (t doubles with b): B = 1
+        ({1: 10.0, 2: 20.0, 4: 40.0}, 1),
+    ],
+)
+def test_crossover_batch_from_profile(profile, expected):
+    from verl_laminar.policy.roofline import crossover_batch_from_profile
+
+    assert crossover_batch_from_profile(profile) == expected
+
+
+def test_crossover_batch_needs_a_slope():
+    from verl_laminar.policy.roofline import crossover_batch_from_profile
+
+    with pytest.raises(ValueError, match="batch size 1"):
+        crossover_batch_from_profile({2: 1.0, 4: 1.0, 8: 2.0})
+    with pytest.raises(ValueError, match="at least 3"):
+        crossover_batch_from_profile({1: 1.0, 2: 1.5})

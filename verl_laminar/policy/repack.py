@@ -175,3 +175,32 @@ def _pack_mixed(cands: Sequence[RolloutSnapshot], cfg: RepackConfig, protected: 
 def receivers(plan: Sequence[Migration]) -> frozenset[int]:
     """Rollouts that took sequences in ``plan``: pass them as ``recent_receivers`` next round."""
     return frozenset(m.dst for m in plan)
+
+
+class KvHistory:
+    """Turns a replica's stream of (version, kv tokens, sequences) readings into snapshots for the planner.
+
+    ``prev_kv_used`` of a snapshot is the highest utilization seen since the replica last changed
+    version or received migrated sequences. Why the peak and not the previous reading: in its tail a
+    rollout's last few sequences keep growing their caches, so consecutive readings can rise slightly
+    even though the rollout is far below where it was; the fall that marks the tail is measured from
+    the peak. A reading after a refresh (new version) or a receipt starts a new history.
+    """
+
+    def __init__(self) -> None:
+        self._peak: dict[int, float] = {}
+        self._version: dict[int, int] = {}
+
+    def reset(self, rollout_id: int) -> None:
+        self._peak.pop(rollout_id, None)
+        self._version.pop(rollout_id, None)
+
+    def observe(self, rollout_id: int, version: int, kv_tokens: int, kv_capacity: int,
+                seq_ids: Sequence[int], waiting: int = 0) -> RolloutSnapshot:
+        if self._version.get(rollout_id) != version:
+            self.reset(rollout_id)
+            self._version[rollout_id] = version
+        snap = RolloutSnapshot(rollout_id, version, kv_tokens, kv_capacity, tuple(seq_ids), waiting,
+                               prev_kv_used=self._peak.get(rollout_id))
+        self._peak[rollout_id] = max(self._peak.get(rollout_id, 0.0), snap.kv_used)
+        return snap

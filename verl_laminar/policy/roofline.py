@@ -246,3 +246,29 @@ def batch_from_profile(step_s: dict[int, float], tolerance: float = 0.25) -> int
             break  # the first batch over the limit ends the flat region
         best = b
     return best
+
+
+def crossover_batch_from_profile(step_s: dict[int, float]) -> int:
+    """B from a measured decode profile as the roofline defines it: where the compute term catches up.
+
+    A decode step costs about ``max(t_mem, s * b)`` (plus overheads): ``t_mem`` is what one sequence pays
+    (weights and runtime overhead, ~ ``step_s[1]``), ``s`` the per-sequence cost once compute-bound,
+    measured as the slope between the two largest profiled batches. B is the largest profiled batch with
+    ``s * b <= t_mem``: up to there a merged batch costs about what a lone tail sequence does per step.
+    Unlike ``batch_from_profile`` it does not require a flat region, which vLLM-CPU does not have (every
+    added sequence costs something there, but far less than a step of its own).
+    """
+    if not step_s or 1 not in step_s:
+        raise ValueError(f"the profile needs batch size 1 as its reference; got batch sizes {sorted(step_s)}")
+    sizes = sorted(step_s)
+    if len(sizes) < 3:
+        raise ValueError(f"need at least 3 batch sizes (1 and two large ones) to find the slope; got {sizes}")
+    b1, b2 = sizes[-2], sizes[-1]
+    slope = (step_s[b2] - step_s[b1]) / (b2 - b1)
+    if slope <= 0:
+        return b2  # still flat at the largest batch profiled: B is at least that
+    best = 1
+    for b in sizes:
+        if slope * b <= step_s[1]:
+            best = b
+    return best

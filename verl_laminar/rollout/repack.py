@@ -1,0 +1,79 @@
+"""Repack rounds: replica readings in, a migration plan out, and the ``laminar/repack/*`` counters.
+
+Pure of Ray and vLLM (the executor that aborts and resumes lives with the caller); what it adds to
+``policy.repack`` is the bookkeeping between rounds: the utilization history per replica, the
+receivers of the previous round (not emptied in this one) and the metrics.
+
+A reading is the monitor's dict for one replica (``EngineReplica.stats()`` has this shape):
+``{"replica_id", "version", "kv_tokens", "kv_capacity", "running_ids", "waiting"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from verl_laminar.policy.repack import KvHistory, Migration, RepackConfig, plan_repack, receivers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RepackMetrics:
+    rounds: int = 0
+    migrations: int = 0  # replicas emptied onto another (one Migration each)
+    sequences_moved: int = 0
+    round_s: list = field(default_factory=list)  # wall seconds of rounds that moved something
+    kv_used_before: list = field(default_factory=list)  # mean fleet KV use before / after each such round
+    kv_used_after: list = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, float]:
+        def mean(xs: Sequence[float]) -> float:
+            return sum(xs) / len(xs) if xs else 0.0
+
+        return {"laminar/repack/rounds": self.rounds, "laminar/repack/migrations": self.migrations,
+                "laminar/repack/emptied_rollouts": self.migrations,
+                "laminar/repack/sequences_moved": self.sequences_moved,
+                "laminar/repack/seconds_per_repack": mean(self.round_s),
+                "laminar/repack/kv_used_before": mean(self.kv_used_before),
+                "laminar/repack/kv_used_after": mean(self.kv_used_after)}
+
+
+class RepackRounds:
+    def __init__(self, cfg: RepackConfig) -> None:
+        self.cfg = cfg
+        self.history = KvHistory()
+        self._recent: frozenset[int] = frozenset()
+        self.metrics = RepackMetrics()
+
+    def plan(self, readings: Iterable[Mapping], still_taking: Iterable[int] = ()) -> list[Migration]:
+        """One round. ``still_taking``: replicas the dispatcher may still give groups (not in their tail)."""
+        taking = set(still_taking)
+        snaps = []
+        for r in readings:
+            # a replica that may still receive groups is not finishing a tail: count that as queued work
+            waiting = int(r.get("waiting", 0)) + (1 if r["replica_id"] in taking else 0)
+            running = list(r["running_ids"])
+            snaps.append(self.history.observe(int(r["replica_id"]), int(r["version"]), int(r["kv_tokens"]),
+                                              int(r["kv_capacity"]), range(len(running)), waiting))
+        self.metrics.rounds += 1
+        plan = plan_repack(snaps, self.cfg, self._recent)
+        self._recent = receivers(plan)
+        for rid in self._recent:
+            self.history.reset(rid)  # its cache jumps up by design; measure its next fall from the new peak
+        if plan:
+            used = [s.kv_used for s in snaps]
+            self.metrics.kv_used_before.append(sum(used) / len(used))
+        return plan
+
+    def record(self, plan: Sequence[Migration], seconds: float, kv_used_after: float) -> None:
+        """After the executor applied ``plan``: count it."""
+        if not plan:
+            return
+        self.metrics.migrations += len(plan)
+        self.metrics.sequences_moved += sum(len(m.seq_ids) for m in plan)
+        self.metrics.round_s.append(seconds)
+        self.metrics.kv_used_after.append(kv_used_after)
+        logger.info("repack: %s in %.3f s", ", ".join(f"{m.src}->{m.dst} ({len(m.seq_ids)} seqs, v{m.version})"
+                                                      for m in plan), seconds)
