@@ -60,6 +60,8 @@ REPACK_EMPTIED = "laminar/repack/emptied"
 REPACK_SECONDS = "laminar/repack/seconds"
 REPACK_KV_USE_BEFORE = "laminar/repack/kv_use_before"
 REPACK_KV_USE_AFTER = "laminar/repack/kv_use_after"
+REPACK_ROUNDS = "laminar/repack/rounds"
+REPACK_SEQUENCES = "laminar/repack/sequences_moved"
 
 _COUNT_NAMES = {
     "in_flight": TRAJECTORIES_IN_FLIGHT,

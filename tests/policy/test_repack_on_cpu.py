@@ -150,8 +150,12 @@ def test_kv_history_measures_the_fall_from_the_peak():
     assert tail.prev_kv_used == pytest.approx(0.9) and is_candidate(tail, CFG)
     # the tail's caches grow a little between readings: still far below the peak, still a candidate
     assert is_candidate(h.observe(0, 3, 210, CAP, seq_ids=[1, 2]), CFG)
+    # a long tail in a cache far from full can outgrow the early peak: fewer sequences still mark the tail
+    assert is_candidate(h.observe(0, 3, 950 // 1, CAP, seq_ids=[1]), RepackConfig(c_max=0.99, max_batch=8))
     # a refresh (new version) starts a new history, so a half-filled new batch is not a tail
     assert h.observe(0, 4, 100, CAP, seq_ids=[5]).prev_kv_used is None
     h.observe(0, 4, 500, CAP, seq_ids=[5, 6])
     h.reset(0)  # after receiving sequences the receiver's history restarts as well
     assert h.observe(0, 4, 400, CAP, seq_ids=[5, 6]).prev_kv_used is None
+    # rising with the same sequences (a fresh batch decoding): not falling
+    assert not is_candidate(h.observe(0, 4, 450, CAP, seq_ids=[5, 6]), CFG)

@@ -107,3 +107,103 @@ def test_no_pin_and_wrong_label_raise():
             await client.generate("r", prompt_ids=[1], sampling_params={})
 
     asyncio.run(main())
+
+
+def _next_token(prefix):
+    return (sum(prefix) * 31 + len(prefix)) % 1000  # a function of the prefix, like greedy decoding
+
+
+class StreamingServer:
+    """Generates one token every 2 ms as a function of the prefix; ``abort_request`` ends a request early
+    with what it has so far, as verl's vLLM server does (stop_reason "aborted")."""
+
+    def __init__(self, rid: int, version: int = 0) -> None:
+        self.rid, self.version, self.live, self.stop = rid, version, {}, set()
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        seq, out = list(prompt_ids), []
+        self.live[request_id] = out
+        try:
+            for _ in range(sampling_params["max_tokens"]):
+                if request_id in self.stop:
+                    break
+                await asyncio.sleep(0.002)
+                t = _next_token(seq)
+                seq.append(t)
+                out.append(t)
+        finally:
+            self.live.pop(request_id, None)
+        aborted = len(out) < sampling_params["max_tokens"]
+        return SimpleNamespace(token_ids=out, log_probs=[-(t % 7) / 10 for t in out],
+                               stop_reason="aborted" if aborted else "completed",
+                               extra_fields={"global_steps": self.version})
+
+    async def abort_request(self, request_id, reset_prefix_cache=True):
+        if request_id not in self.live:
+            return {"aborted": False}
+        self.stop.add(request_id)
+        return {"aborted": True}
+
+
+def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
+    from verl_laminar.rollout.router import RepackSettings
+    from verl_laminar.rollout.vllm_metrics import VllmReading
+
+    async def main():
+        servers = {i: StreamingServer(i) for i in range(2)}
+        peaks = {}
+
+        def reader(address):
+            # KV use from the live requests (tokens held), as vLLM would report it; capacity 10,000 tokens
+            s = servers[int(address[1:])]
+            kv = sum(20 + len(o) for o in s.live.values())
+            peaks[address] = max(peaks.get(address, 0), kv)
+            return VllmReading(kv / 10_000, len(s.live), 0, 10_000)
+
+        async def refresher(replica, version):
+            servers[replica.replica_id].version = version
+
+        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
+                               refresher=refresher, repack=RepackSettings(interval_s=3600, max_batch=4),
+                               reader=reader)
+        await router.start(0)
+        client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
+        lengths = {"ga": (40, 400), "gb": (60, 300)}  # one short and one long response per group
+
+        async def group(gid):
+            pin = await router.assign_group(gid, 2)
+            GROUP_PIN.set(pin)
+
+            async def session(s):
+                prompt = [ord(gid[-1]), s]
+                return prompt, await client.generate(f"{gid}-{s}", prompt_ids=prompt,
+                                                     sampling_params={"max_tokens": lengths[gid][s]})
+
+            outs = await asyncio.gather(*[asyncio.create_task(session(s)) for s in range(2)])
+            await router.finish_group(gid)
+            return pin, outs
+
+        work = asyncio.gather(group("ga"), group("gb"))
+        await asyncio.sleep(0.05)
+        await router._repack_round()  # both replicas at their peak: nothing falls yet
+        assert router.snapshot()["repack"]["laminar/repack/migrations"] == 0
+        await asyncio.sleep(0.25)  # the short responses are done: each replica holds one long tail
+        await router._repack_round()
+        results = await work
+        snap = router.snapshot()
+        assert snap["repack"]["laminar/repack/migrations"] == 1
+        moved = 0
+        for pin, outs in results:
+            for prompt, out in outs:
+                seq, expect = list(prompt), []
+                for _ in range(len(out.token_ids)):
+                    expect.append(_next_token(seq))
+                    seq.append(expect[-1])
+                assert out.token_ids == expect and len(out.token_ids) in lengths[pin.group_id]
+                assert out.log_probs == [-(t % 7) / 10 for t in expect]
+                assert out.stop_reason == "completed" and out.extra_fields["global_steps"] == 0
+                moved += out.extra_fields.get("laminar_migrations", 0)
+        assert moved == 1
+        assert router.get_total_inflight() == 0 and all(not s for s in router._requests.values())
+
+    asyncio.run(main())

@@ -27,10 +27,16 @@ def replicas(tiny_model_dir):
         "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}}).remote(
         i, str(tiny_model_dir), kv_cache_bytes=4 << 20, max_num_seqs=32, max_model_len=384, dtype="float32")
         for i in range(2)}
-    ray.get([r.start.remote() for r in reps.values()])
-    yield reps
-    ray.get([r.shutdown.remote() for r in reps.values()])
-    ray.shutdown()
+    from verl_laminar.bench.repack import reap
+
+    try:
+        ray.get([r.start.remote() for r in reps.values()])
+        yield reps
+    finally:
+        trees = [t for t in ray.get([r.pids.remote() for r in reps.values()])]
+        ray.get([r.shutdown.remote() for r in reps.values()])
+        reap([p for t in trees for p in t[1:]])
+        ray.shutdown()
 
 
 async def _migrate_once(reps, prompt, max_tokens, after_s):

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from verl_laminar import metrics as lm
 from verl_laminar.policy.dispatch import (
     DispatchConfig,
     apply_plan,
@@ -308,8 +309,44 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
             i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
             dtype=args.dtype, seed=args.seed)
-    started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))
-    logger.info("replicas up: %s", started)
+    try:
+        started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))
+        logger.info("replicas up: %s", started)
+        return await _measure(replicas, blobs, work, args)
+    finally:
+        # the process trees while the actors live (vLLM's engine processes would be orphaned by a crash)
+        trees = await asyncio.gather(*(r.pids.remote() for r in replicas.values()), return_exceptions=True)
+        await asyncio.gather(*(r.shutdown.remote() for r in replicas.values()), return_exceptions=True)
+        reap([p for t in trees if isinstance(t, list) for p in t[1:]])  # not the actors: Ray ends those
+
+
+def reap(pids: list[int], grace_s: float = 5.0) -> list[int]:
+    """End what the replicas started (vLLM engine and worker processes) if it outlived them; by PID."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs.append(p)
+            procs.extend(p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [p.pid for p in procs]
+
+
+async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
     if args.max_batch_b:
         profile, b = None, args.max_batch_b
     else:
@@ -325,11 +362,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             res = await Coordinator(replicas, blobs, work, args, repack=mode, max_batch_b=b).run()
             s = summarize(res, work)
             logger.info("run %d repack=%s: %.1f tok/s, makespan %.1f s, %d migrations, lost %d", rep, mode,
-                        s["gen_tokens_per_s"], s["makespan_s"], s["laminar/repack/migrations"],
+                        s["gen_tokens_per_s"], s["makespan_s"], s[lm.REPACK_MIGRATIONS],
                         s["lost_trajectories"])
             runs.append(s)
-    for r in replicas.values():
-        await r.shutdown.remote()
     on = [r for r in runs if r["repack"]]
     off = [r for r in runs if not r["repack"]]
 
@@ -340,12 +375,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "gen_tokens_per_s_on": mean(on, "gen_tokens_per_s"), "gen_tokens_per_s_off": mean(off, "gen_tokens_per_s"),
         "gain": mean(on, "gen_tokens_per_s") / mean(off, "gen_tokens_per_s"),
         "kv_use_mean_on": mean(on, "kv_use_mean"), "kv_use_mean_off": mean(off, "kv_use_mean"),
-        "repack_s_mean": mean(on, "laminar/repack/seconds_per_repack"),
+        "repack_s_mean": mean(on, lm.REPACK_SECONDS),
         "trajectory_latency_mean_on": mean(on, "trajectory_latency_mean"),
         "trajectory_latency_mean_off": mean(off, "trajectory_latency_mean"),
         "trajectory_latency_max_on": max(r["trajectory_latency_max"] for r in on),
         "trajectory_latency_max_off": max(r["trajectory_latency_max"] for r in off),
-        "migrations": sum(r["laminar/repack/migrations"] for r in on),
+        "migrations": sum(r[lm.REPACK_MIGRATIONS] for r in on),
         "migrated_trajectories": sum(r["migrated_trajectories"] for r in on),
         "lost_trajectories": sum(r["lost_trajectories"] for r in runs),
         "mixed_version": sum(r["mixed_version"] for r in runs),

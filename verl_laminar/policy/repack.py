@@ -180,15 +180,18 @@ def receivers(plan: Sequence[Migration]) -> frozenset[int]:
 class KvHistory:
     """Turns a replica's stream of (version, kv tokens, sequences) readings into snapshots for the planner.
 
-    ``prev_kv_used`` of a snapshot is the highest utilization seen since the replica last changed
-    version or received migrated sequences. Why the peak and not the previous reading: in its tail a
-    rollout's last few sequences keep growing their caches, so consecutive readings can rise slightly
-    even though the rollout is far below where it was; the fall that marks the tail is measured from
-    the peak. A reading after a refresh (new version) or a receipt starts a new history.
+    The trend a snapshot carries (``prev_kv_used`` above or below ``kv_used``) is measured against the
+    replica's peak since it last changed version or received migrated sequences, not against the
+    previous reading. Why: in its tail a rollout's last sequences keep growing their caches, so
+    consecutive readings can rise although the rollout is far below where it was. And when the cache is
+    far from full (small batches, as on a CPU host) a long tail can even hold more cache than the whole
+    batch did early on; the fall then shows in the running count first. So a replica reads as falling
+    when its cache use or its running count is below its peak. A reading after a refresh (new version)
+    or a receipt starts a new history.
     """
 
     def __init__(self) -> None:
-        self._peak: dict[int, float] = {}
+        self._peak: dict[int, tuple[float, int]] = {}  # rollout -> (peak kv_used, peak running)
         self._version: dict[int, int] = {}
 
     def reset(self, rollout_id: int) -> None:
@@ -200,7 +203,15 @@ class KvHistory:
         if self._version.get(rollout_id) != version:
             self.reset(rollout_id)
             self._version[rollout_id] = version
-        snap = RolloutSnapshot(rollout_id, version, kv_tokens, kv_capacity, tuple(seq_ids), waiting,
-                               prev_kv_used=self._peak.get(rollout_id))
-        self._peak[rollout_id] = max(self._peak.get(rollout_id, 0.0), snap.kv_used)
+        seqs = tuple(seq_ids)
+        used = kv_tokens / kv_capacity if kv_capacity > 0 else 0.0
+        peak = self._peak.get(rollout_id)
+        prev: Optional[float] = None
+        if peak is not None:
+            if used < peak[0] or len(seqs) < peak[1]:
+                prev = max(peak[0], used + 1.0 / kv_capacity)  # falling: the reference lies above the reading
+            else:
+                prev = used  # at (or above) both peaks: not falling
+        snap = RolloutSnapshot(rollout_id, version, kv_tokens, kv_capacity, seqs, waiting, prev_kv_used=prev)
+        self._peak[rollout_id] = (max(peak[0] if peak else 0.0, used), max(peak[1] if peak else 0, len(seqs)))
         return snap

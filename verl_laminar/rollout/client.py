@@ -7,6 +7,13 @@ Dataflow:
                -> verl's LLMServerClient.generate on that server -> output labelled with the server's
                   global_steps -> compared with the pin (a mismatch raises InvariantViolation)
 verl's agent loops never pass the prompt uid to ``generate``, which is why the pin travels in a contextvar.
+
+Repack: the router may move the group to another replica of the same version and abort the request on its
+source. The server then answers with the tokens and log-probs generated so far and stop_reason "aborted";
+``generate`` asks the router whether the request was migrated and, if so, resumes on the group's new
+replica with prompt + partial response and the remaining token budget (``policy.migration``). The agent
+loop receives one output: token ids and log-probs concatenated in order, labelled with the one version.
+Each vLLM request id is chosen here (not by verl per call) so the router knows which requests to abort.
 """
 
 from __future__ import annotations
@@ -14,15 +21,18 @@ from __future__ import annotations
 import contextvars
 import logging
 from typing import Any, Optional
+from uuid import uuid4
 
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
+from verl_laminar.policy.migration import Piece, Trajectory
 
 logger = logging.getLogger(__name__)
 
 GROUP_PIN: contextvars.ContextVar[Optional[Assignment]] = contextvars.ContextVar("laminar_group_pin", default=None)
+_VLLM_RID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("laminar_vllm_request_id", default=None)
 
 
 def check_label(pin: Assignment, output: Any, what: str) -> None:
@@ -47,11 +57,62 @@ class LaminarLLMServerClient(LLMServerClient):
             raise RoutingError(f"request {request_id} has no group pin; generate must run inside "
                                "LaminarAgentLoopWorker._run_prompt (agent_loop_manager_class="
                                "verl_laminar.rollout.agent_loop.LaminarAgentLoopManager)")
-        return await self._load_balancer.acquire_pinned.remote(request_id, pin.group_id, pin.version)
+        vid = _VLLM_RID.get() or request_id
+        return await self._load_balancer.acquire_pinned.remote(vid, pin.group_id, pin.version)
 
-    async def generate(self, request_id, **kwargs: Any):
-        output = await super().generate(request_id, **kwargs)
+    def _vllm_request_id(self, request_id: str) -> str:
+        return _VLLM_RID.get() or super()._vllm_request_id(request_id)
+
+    def _release_server(self, server_id: str, **kwargs: Any) -> None:
+        vid = _VLLM_RID.get()
+        if vid is not None:
+            kwargs["request_id"] = vid  # the router tracks in-flight requests by their vLLM id
+        super()._release_server(server_id, **kwargs)
+
+    def _token_budget(self, prompt_ids: list, sampling_params: dict) -> int:
+        """max_tokens as verl's server would resolve it, so a resumed piece gets exactly the rest."""
+        for k in ("max_tokens", "max_new_tokens"):
+            if k in sampling_params:
+                return int(sampling_params[k])
+        cfg = self.config.actor_rollout_ref.rollout
+        return int(min(cfg.response_length, cfg.prompt_length + cfg.response_length - len(prompt_ids)))
+
+    async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, **kwargs: Any) -> Any:
+        token = _VLLM_RID.set(uuid4().hex)
+        try:
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs), \
+                _VLLM_RID.get()
+        finally:
+            _VLLM_RID.reset(token)
+
+    async def generate(self, request_id, *, prompt_ids: list, sampling_params: dict, **kwargs: Any):
         pin = GROUP_PIN.get()
-        if pin is not None:
+        if pin is None:
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                          **kwargs)
+        output, vid = await self._one_piece(request_id, list(prompt_ids), dict(sampling_params), **kwargs)
+        check_label(pin, output, f"request {request_id}")
+        if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
+            return output  # the common case: one piece, verl's output untouched
+        # migrated by repack: resume on the group's new replica until the trajectory is complete
+        base = {k: v for k, v in sampling_params.items() if k not in ("max_tokens", "max_new_tokens", "min_tokens")}
+        traj = Trajectory(str(request_id), tuple(prompt_ids), self._token_budget(list(prompt_ids), sampling_params),
+                          base, min_tokens=int(sampling_params.get("min_tokens", 0) or 0))
+        migrated = True
+        while True:
+            lps = output.log_probs
+            traj.add(Piece(tuple(output.token_ids), None if lps is None else tuple(lps), pin.version, -1,
+                           finished=not migrated))
+            if not migrated or traj.generated >= traj.max_tokens:
+                break
+            ids, params = traj.next_request()
+            logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
+            output, vid = await self._one_piece(request_id, ids, params, **kwargs)
             check_label(pin, output, f"request {request_id}")
+            migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
+        output.token_ids = traj.token_ids()
+        output.log_probs = traj.log_probs()
+        if traj.generated >= traj.max_tokens and output.stop_reason == "aborted":
+            output.stop_reason = "completed"  # the abort raced the last token: the budget is used up
+        output.extra_fields["laminar_migrations"] = traj.migrations
         return output

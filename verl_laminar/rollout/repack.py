@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from verl_laminar import metrics as lm
 from verl_laminar.policy.repack import KvHistory, Migration, RepackConfig, plan_repack, receivers
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RepackMetrics:
     rounds: int = 0
-    migrations: int = 0  # replicas emptied onto another (one Migration each)
+    migrations: int = 0  # replicas emptied onto another (one Migration each, so also the emptied count)
     sequences_moved: int = 0
     round_s: list = field(default_factory=list)  # wall seconds of rounds that moved something
     kv_used_before: list = field(default_factory=list)  # mean fleet KV use before / after each such round
@@ -32,12 +33,12 @@ class RepackMetrics:
         def mean(xs: Sequence[float]) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 
-        return {"laminar/repack/rounds": self.rounds, "laminar/repack/migrations": self.migrations,
-                "laminar/repack/emptied_rollouts": self.migrations,
-                "laminar/repack/sequences_moved": self.sequences_moved,
-                "laminar/repack/seconds_per_repack": mean(self.round_s),
-                "laminar/repack/kv_used_before": mean(self.kv_used_before),
-                "laminar/repack/kv_used_after": mean(self.kv_used_after)}
+        # cumulative counts; seconds and KV use are means over the rounds that moved something
+        out = lm.repack_metrics(self.migrations, self.migrations, mean(self.round_s),
+                                mean(self.kv_used_before) if self.kv_used_before else None,
+                                mean(self.kv_used_after) if self.kv_used_after else None)
+        out.update({lm.REPACK_ROUNDS: float(self.rounds), lm.REPACK_SEQUENCES: float(self.sequences_moved)})
+        return out
 
 
 class RepackRounds:

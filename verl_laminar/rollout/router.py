@@ -9,6 +9,11 @@ Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``
                        finish_group(uid)      -> the replica's batch may end -> refresh to the newest
                                                  version (refresh_replica) -> it takes the next groups
     trainer            on_publish(v) / drain_events() / snapshot()
+    repack (optional)  every interval and after each publication: read each server's vLLM /metrics, plan
+                       (rollout.repack.RepackRounds), move the source's open groups to the target
+                       (policy.dispatch.move_group) and abort the source's requests; the pinned client sees
+                       the aborted output, asks migrated(request_id) and resumes on the target with
+                       prompt + partial response (same version, remaining budget)
 
 A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
 It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
@@ -25,6 +30,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from verl_laminar.policy.dispatch import (
     Assignment,
+    DispatchError,
     DispatchConfig,
     RefreshDecision,
     RoutingError,
@@ -33,9 +39,12 @@ from verl_laminar.policy.dispatch import (
     complete_refresh,
     finish_group,
     initial_state,
+    move_group,
     plan_dispatch,
     route,
 )
+from verl_laminar.policy.repack import RepackConfig as RepackPolicy
+from verl_laminar.rollout.repack import RepackRounds
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,15 @@ class ReplicaHandles:
 Refresher = Callable[[ReplicaHandles, int], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class RepackSettings:
+    """``laminar.repack`` as the router uses it; ``max_batch`` is B, already resolved."""
+
+    interval_s: float = 5.0
+    c_max: float = 0.99
+    max_batch: int = 256
+
+
 async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
     from verl_laminar.rollout.refresh import refresh_replica
 
@@ -64,7 +82,8 @@ class LaminarRouter:
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
                  not_yet_s: float = 120.0, relays: Optional[dict] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
+                 reader: Optional[Callable[[str], Any]] = None) -> None:
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
@@ -85,6 +104,13 @@ class LaminarRouter:
         self._refreshes = 0
         self._error: Optional[BaseException] = None
         self._closed = False
+        self._requests: dict[int, set[str]] = {rid: set() for rid in self._replicas}  # vLLM ids in flight
+        self._repack = repack
+        self._rounds = RepackRounds(RepackPolicy(repack.c_max, repack.max_batch)) if repack else None
+        self._reader = reader
+        self._migrated: set[str] = set()
+        self._repack_lock = asyncio.Lock()
+        self._repack_task: Optional[asyncio.Task] = None
 
     # ---- trainer side ----
     async def on_publish(self, version: int) -> None:
@@ -92,6 +118,8 @@ class LaminarRouter:
             raise ValueError(f"published version {version} is not newer than {self._published}")
         self._published = int(version)
         self._pump()
+        if self._repack is not None and self._repack_task is not None:
+            self._spawn(self._repack_round())  # Laminar repacks right after each publication too
 
     async def start(self, version: int, timeout_s: float = 600.0) -> dict[int, int]:
         """Publish v0 and wait until every replica serves it (the same refresh path as later versions)."""
@@ -102,11 +130,15 @@ class LaminarRouter:
             if self._clock() > deadline:
                 raise TimeoutError(f"replicas did not load version {version} in {timeout_s} s: {self.versions()}")
             await asyncio.sleep(0.05)
+        if self._repack is not None and self._repack_task is None:
+            self._repack_task = asyncio.get_running_loop().create_task(self._repack_loop())
         return self.versions()
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
         self._closed = True
+        if self._repack_task is not None:
+            self._repack_task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
@@ -121,7 +153,8 @@ class LaminarRouter:
         wait, self._rollout_wait_s = self._rollout_wait_s, 0.0
         return {"versions": self.versions(), "published": self._published, "queued": len(self._queue),
                 "inflight": dict(self._inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
-                "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas}}
+                "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas},
+                "repack": self._rounds.metrics.as_dict() if self._rounds else {}}
 
     # ---- agent-loop side ----
     async def assign_group(self, group_id: str, n: int, validate: bool = False) -> Assignment:
@@ -146,12 +179,21 @@ class LaminarRouter:
             raise RoutingError(f"request {request_id} of group {group_id!r} carries version {version}, "
                                f"but the group is pinned to {a.version}")
         self._inflight[a.replica_id] += 1
+        self._requests[a.replica_id].add(request_id)
         r = self._replicas[a.replica_id]
         return r.address, r.server
 
     async def release_server(self, server_id: str, request_id: Optional[str] = None) -> None:
         rid = self._by_address[server_id]
         self._inflight[rid] = max(0, self._inflight[rid] - 1)
+        self._requests[rid].discard(request_id)
+
+    async def migrated(self, request_id: str) -> bool:
+        """Was this (aborted) request taken off its replica by repack? Asked once per aborted request."""
+        if request_id in self._migrated:
+            self._migrated.discard(request_id)
+            return True
+        return False
 
     async def trajectory_finished(self, key: str, group_id: str, prompt_tokens: int, response_tokens: int,
                                   start_s: Optional[float] = None) -> int:
@@ -207,6 +249,89 @@ class LaminarRouter:
 
     def get_total_inflight(self) -> int:
         return sum(self._inflight.values())
+
+    # ---- repack ----
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _repack_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._repack.interval_s)
+            await self._repack_round()
+
+    async def _read(self, replica: ReplicaHandles) -> Any:
+        from verl_laminar.rollout import vllm_metrics
+
+        return await asyncio.to_thread(self._reader or vllm_metrics.read, replica.address)
+
+    async def _repack_round(self) -> None:
+        """One round; a monitor failure skips the round (repack is an optimisation, never a reason to stop)."""
+        if self._closed:
+            return
+        async with self._repack_lock:
+            live = [self._replicas[r.replica_id] for r in self._state.replicas
+                    if r.alive and r.refreshing_to is None]
+            try:
+                got = await asyncio.gather(*(self._read(r) for r in live))
+            except Exception as e:  # noqa: BLE001 - logged, the next round tries again
+                logger.warning("repack: reading vLLM metrics failed, round skipped: %r", e)
+                return
+            readings = [{"replica_id": r.replica_id, "version": self._state.replica(r.replica_id).version,
+                         "kv_tokens": g.kv_tokens, "kv_capacity": g.kv_capacity_tokens,
+                         "running_ids": sorted(self._requests[r.replica_id]), "waiting": g.waiting,
+                         "kv_used": g.kv_used} for r, g in zip(live, got)]
+            taking = {r.replica_id for r in self._state.replicas if r.accepts(self._cfg)}
+            plan = self._rounds.plan(readings, taking)
+            if not plan:
+                return
+            t0 = self._clock()
+            applied, aborts = [], []
+            for m in plan:
+                src, dst = self._state.replica(m.src), self._state.replica(m.dst)
+                if (not src.open_groups or src.accepts(self._cfg) or src.version != m.version
+                        or dst.version != m.version or dst.refreshing_to is not None or not dst.alive):
+                    continue  # the fleet moved on since the readings
+                try:
+                    for gid in sorted(src.open_groups):
+                        self._state = move_group(self._state, gid, m.dst)
+                except DispatchError as e:
+                    logger.warning("repack: move %d -> %d skipped: %s", m.src, m.dst, e)
+                    continue
+                applied.append(m)
+                vids = sorted(self._requests[m.src])
+                self._migrated.update(vids)
+                aborts.append((m.src, vids))
+            await asyncio.gather(*(self._abort(rid, vids) for rid, vids in aborts))
+            by_id = {r["replica_id"]: r["kv_used"] for r in readings}
+            for m in applied:
+                by_id[m.dst] += by_id[m.src]
+                by_id[m.src] = 0.0
+            busy = [u for u in by_id.values() if u > 0]
+            self._rounds.record(applied, self._clock() - t0, sum(busy) / len(busy) if busy else 0.0)
+            self._pump()  # the emptied replicas' batches ended: they refresh and take new groups
+
+    async def _abort(self, replica_id: int, vids: list, settle_s: float = 5.0) -> None:
+        """Abort each request; one acquired but not yet admitted by vLLM is retried until it is (or ends)."""
+        server = self._replicas[replica_id].server
+        pending = set(vids)
+        deadline = self._clock() + settle_s
+        while pending:
+            for vid in sorted(pending):
+                if vid not in self._requests[replica_id]:
+                    pending.discard(vid)  # it finished (released) before the abort reached it
+                    continue
+                res = await server.abort_request.remote(vid, reset_prefix_cache=False)
+                if res.get("aborted"):
+                    pending.discard(vid)
+            if pending and self._clock() > deadline:
+                logger.warning("repack: %d requests on replica %d could not be aborted; they finish there",
+                               len(pending), replica_id)
+                self._migrated.difference_update(pending)
+                return
+            if pending:
+                await asyncio.sleep(0.05)
 
     # ---- planning ----
     def _raise_if_failed(self) -> None:
@@ -273,9 +398,10 @@ class LaminarRouter:
 
 
 def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
-                 max_concurrency: int = 10_000, name: str = ROUTER_NAME) -> Any:
+                 max_concurrency: int = 10_000, name: str = ROUTER_NAME,
+                 repack: Optional[RepackSettings] = None) -> Any:
     """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue."""
     import ray
 
     return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
-        replicas, groups_per_batch, relays=relays)
+        replicas, groups_per_batch, relays=relays, repack=repack)

@@ -72,12 +72,15 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
         gpb = runtime.groups_per_batch(self.config, len(replicas))
         runtime.check_warmup(self.config, len(replicas), gpb)
-        self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas))
+        repack = runtime.repack_settings(self.laminar)
+        self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
+                                   repack=repack)
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
         ray.kill(default)
-        logger.info("laminar: %d standalone replicas, %d groups per replica batch", len(replicas), gpb)
+        logger.info("laminar: %d standalone replicas, %d groups per replica batch, repack %s", len(replicas), gpb,
+                    repack or "off")
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
@@ -148,6 +151,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         out.update(lm.buffer_metrics(stats.ready_groups, stats.partial_groups, stats.duplicates,
                                      stats.discarded_groups))
         out[lm.INVARIANT_CHECKED] = float(self.replay_buffer.checked_trajectories)
+        out.update(snap_router["repack"])
         lm.check_names(out)
         metrics.update(out)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,

