@@ -5,6 +5,8 @@
 #   bash recipes/cpu/run_laminar_grpo.sh [extra hydra overrides...]
 #   STEPS=3 REPLICAS=2 bash recipes/cpu/run_laminar_grpo.sh trainer.logger='[console]'
 #
+# Repack is on (laminar.repack.enabled=false turns it off); it checks every REPACK_INTERVAL s (default 1.0:
+# trajectories here take seconds, where the paper's 5 s interval is sized for minute-long ones).
 # Resources: 1 FSDP rank for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
@@ -19,5 +21,6 @@ exec "$PY" -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
   trainer.n_gpus_per_node=1 \
   trainer.experiment_name=laminar_grpo \
+  laminar.repack.interval_s="${REPACK_INTERVAL:-1.0}" \
   "${WORKLOAD[@]}" \
   "$@"

@@ -65,3 +65,13 @@ def test_replicas_pull_trained_versions_on_their_own_refresh(laminar_run):
         versions = [v for r, v in loads if r == replica]
         assert versions and max(versions) >= 1, f"replica {replica} never pulled a trained version: {loads}"
         assert versions == sorted(versions), f"replica {replica} went back a version: {versions}"
+
+
+def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
+    """Repack ran (every REPACK_INTERVAL s and after each publication) without costing a trajectory: the
+    checks above count every migrated one too. Whether a round finds a tail to move depends on timing."""
+    _, run = laminar_run
+    last = run.steps[STEPS]
+    assert last["laminar/repack/rounds"] >= STEPS, last
+    assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"] >= 0
+    assert last["laminar/repack/emptied"] == last["laminar/repack/migrations"]
