@@ -109,3 +109,20 @@ def test_separate_async_flush_patch_makes_verls_setup_log_call_work():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "UNPATCHED_RAISES" in res.stdout and "PATCHED_OK" in res.stdout
     assert "separate_async_logger_flush" in res.stdout
+
+
+def test_repack_is_on_by_default_and_one_key_turns_it_off(recipe_cfg, monkeypatch):
+    monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "1")
+    cfg = recipe_cfg.copy()
+    assert cfg.actor_rollout_ref.rollout.disable_log_stats is False  # the monitor reads vLLM's stats
+    settings = runtime.repack_settings(runtime.prepare_config(cfg))
+    assert settings.max_batch == runtime.CPU_MEASURED_B and settings.interval_s == 5.0 and settings.c_max == 0.99
+    assert runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.enabled=false"]))) is None
+    pinned = runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])))
+    assert pinned.max_batch == 64
+
+
+def test_gpu_default_b_is_the_roofline_ridge(monkeypatch):
+    monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "0")
+    # no GPU visible here: the H100 datasheet ridge, peak / bandwidth for bf16 (989.5 TFLOP/s / 3.35 TB/s)
+    assert runtime.default_max_batch() == 295

