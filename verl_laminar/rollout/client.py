@@ -77,8 +77,13 @@ class LaminarLLMServerClient(LLMServerClient):
         cfg = self.config.actor_rollout_ref.rollout
         return int(min(cfg.response_length, cfg.prompt_length + cfg.response_length - len(prompt_ids)))
 
-    async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, **kwargs: Any) -> Any:
-        token = _VLLM_RID.set(uuid4().hex)
+    async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, piece: int = 0, **kwargs: Any) -> Any:
+        # verl's full_determinism wants the same vLLM request ids across runs: derive them from the caller's
+        if getattr(self.config.actor_rollout_ref.rollout, "full_determinism", False):
+            vid = f"{request_id}" if piece == 0 else f"{request_id}.resume{piece}"
+        else:
+            vid = uuid4().hex
+        token = _VLLM_RID.set(vid)
         try:
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs), \
                 _VLLM_RID.get()
@@ -107,7 +112,7 @@ class LaminarLLMServerClient(LLMServerClient):
                 break
             ids, params = traj.next_request()
             logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
-            output, vid = await self._one_piece(request_id, ids, params, **kwargs)
+            output, vid = await self._one_piece(request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
             migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
         output.token_ids = traj.token_ids()
