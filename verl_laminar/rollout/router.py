@@ -259,7 +259,10 @@ class LaminarRouter:
     async def _repack_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self._repack.interval_s)
-            await self._repack_round()
+            try:
+                await self._repack_round()
+            except Exception:  # noqa: BLE001 - a failed round must not end repack for the rest of the run
+                logger.exception("repack round failed; the next one runs in %.1f s", self._repack.interval_s)
 
     async def _read(self, replica: ReplicaHandles) -> Any:
         from verl_laminar.rollout import vllm_metrics
@@ -320,7 +323,8 @@ class LaminarRouter:
         while pending:
             for vid in sorted(pending):
                 if vid not in self._requests[replica_id]:
-                    pending.discard(vid)  # it finished (released) before the abort reached it
+                    pending.discard(vid)  # it finished (released) before the abort reached it:
+                    self._migrated.discard(vid)  # its client will not ask
                     continue
                 res = await server.abort_request.remote(vid, reset_prefix_cache=False)
                 if res.get("aborted"):
