@@ -41,7 +41,6 @@ from verl_laminar.policy.dispatch import (
     complete_refresh,
     finish_group,
     initial_state,
-    move_group,
     plan_dispatch,
     route,
 )
@@ -49,7 +48,7 @@ from verl_laminar.policy.lengths import SkewedLengths
 from verl_laminar.policy.migration import Piece, Trajectory
 from verl_laminar.policy.repack import RepackConfig
 from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
-from verl_laminar.rollout.repack import RepackRounds
+from verl_laminar.rollout.repack import RepackRounds, apply_moves
 
 logger = logging.getLogger("verl_laminar.bench.repack")
 
@@ -206,24 +205,9 @@ class Coordinator:
             if not plan:
                 return
             t0 = time.monotonic()
-            by_id = {r["replica_id"]: r for r in readings}
-            applied = []
-            for m in plan:
-                src, dst = self.state.replica(m.src), self.state.replica(m.dst)
-                # the fleet moved on since the readings: skip a move that no longer holds
-                if (not src.open_groups or src.version != m.version or dst.version != m.version
-                        or dst.refreshing_to is not None or not dst.open_groups or src.accepts(self.cfg)):
-                    continue
-                for gid in sorted(src.open_groups):
-                    self.state = move_group(self.state, gid, m.dst)
-                applied.append(m)
-                await self.replicas[m.src].abort.remote(None)
-            busy = {}
-            for m in applied:
-                by_id[m.dst] = dict(by_id[m.dst], kv_used=by_id[m.dst]["kv_used"] + by_id[m.src]["kv_used"])
-                by_id[m.src] = dict(by_id[m.src], kv_used=0.0)
-            busy = [r["kv_used"] for r in by_id.values() if r["kv_used"] > 0]
-            self.rounds.record(applied, time.monotonic() - t0, sum(busy) / len(busy) if busy else 0.0)
+            self.state, applied = apply_moves(self.state, plan, self.cfg)
+            await asyncio.gather(*(self.replicas[m.src].abort.remote(None) for m in applied))
+            self.rounds.record(applied, time.monotonic() - t0, readings)
             self.pump()
 
     async def run(self) -> RunResult:

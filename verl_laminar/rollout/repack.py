@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from verl_laminar import metrics as lm
+from verl_laminar.policy.dispatch import DispatchConfig, DispatchError, DispatchState, move_group
 from verl_laminar.policy.repack import KvHistory, Migration, RepackConfig, plan_repack, receivers
 
 logger = logging.getLogger(__name__)
@@ -68,13 +69,45 @@ class RepackRounds:
             self.metrics.kv_used_before.append(sum(used) / len(used))
         return plan
 
-    def record(self, plan: Sequence[Migration], seconds: float, kv_used_after: float) -> None:
-        """After the executor applied ``plan``: count it."""
+    def record(self, plan: Sequence[Migration], seconds: float, readings: Iterable[Mapping]) -> None:
+        """After the executor applied ``plan`` (``readings``: the round's, before the moves): count it."""
         if not plan:
             return
+        used = {r["replica_id"]: float(r["kv_used"]) for r in readings}
+        for m in plan:
+            used[m.dst] += used[m.src]
+            used[m.src] = 0.0
+        busy = [u for u in used.values() if u > 0]
         self.metrics.migrations += len(plan)
         self.metrics.sequences_moved += sum(len(m.seq_ids) for m in plan)
         self.metrics.round_s.append(seconds)
-        self.metrics.kv_used_after.append(kv_used_after)
+        self.metrics.kv_used_after.append(sum(busy) / len(busy) if busy else 0.0)
         logger.info("repack: %s in %.3f s", ", ".join(f"{m.src}->{m.dst} ({len(m.seq_ids)} seqs, v{m.version})"
                                                       for m in plan), seconds)
+
+
+def apply_moves(state: DispatchState, plan: Sequence[Migration],
+                cfg: DispatchConfig) -> tuple[DispatchState, list[Migration]]:
+    """Re-point each source's open groups to its target in the dispatcher state (pure).
+
+    The plan was made from readings a moment old; a move that no longer holds is skipped: the source
+    finished its batch or may take groups again, a side changed version, or the target is refreshing,
+    dead or already done with its own batch. Returns the new state and the moves applied; the executor
+    then aborts the applied sources' requests, which resume on their groups' new replicas.
+    """
+    applied = []
+    for m in plan:
+        src, dst = state.replica(m.src), state.replica(m.dst)
+        if (m.src == m.dst or not src.open_groups or src.accepts(cfg) or src.version != m.version or dst.version != m.version
+                or dst.refreshing_to is not None or not dst.alive or not dst.open_groups):
+            continue
+        try:
+            moved = state
+            for gid in sorted(src.open_groups):
+                moved = move_group(moved, gid, m.dst)
+        except DispatchError as e:
+            logger.warning("repack: move %d -> %d skipped: %s", m.src, m.dst, e)
+            continue
+        state = moved
+        applied.append(m)
+    return state, applied

@@ -30,7 +30,6 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from verl_laminar.policy.dispatch import (
     Assignment,
-    DispatchError,
     DispatchConfig,
     RefreshDecision,
     RoutingError,
@@ -39,12 +38,11 @@ from verl_laminar.policy.dispatch import (
     complete_refresh,
     finish_group,
     initial_state,
-    move_group,
     plan_dispatch,
     route,
 )
 from verl_laminar.policy.repack import RepackConfig as RepackPolicy
-from verl_laminar.rollout.repack import RepackRounds
+from verl_laminar.rollout.repack import RepackRounds, apply_moves
 
 logger = logging.getLogger(__name__)
 
@@ -290,29 +288,14 @@ class LaminarRouter:
             if not plan:
                 return
             t0 = self._clock()
-            applied, aborts = [], []
-            for m in plan:
-                src, dst = self._state.replica(m.src), self._state.replica(m.dst)
-                if (not src.open_groups or src.accepts(self._cfg) or src.version != m.version
-                        or dst.version != m.version or dst.refreshing_to is not None or not dst.alive):
-                    continue  # the fleet moved on since the readings
-                try:
-                    for gid in sorted(src.open_groups):
-                        self._state = move_group(self._state, gid, m.dst)
-                except DispatchError as e:
-                    logger.warning("repack: move %d -> %d skipped: %s", m.src, m.dst, e)
-                    continue
-                applied.append(m)
+            self._state, applied = apply_moves(self._state, plan, self._cfg)
+            aborts = []
+            for m in applied:
                 vids = sorted(self._requests[m.src])
                 self._migrated.update(vids)
                 aborts.append((m.src, vids))
             await asyncio.gather(*(self._abort(rid, vids) for rid, vids in aborts))
-            by_id = {r["replica_id"]: r["kv_used"] for r in readings}
-            for m in applied:
-                by_id[m.dst] += by_id[m.src]
-                by_id[m.src] = 0.0
-            busy = [u for u in by_id.values() if u > 0]
-            self._rounds.record(applied, self._clock() - t0, sum(busy) / len(busy) if busy else 0.0)
+            self._rounds.record(applied, self._clock() - t0, readings)
             self._pump()  # the emptied replicas' batches ended: they refresh and take new groups
 
     async def _abort(self, replica_id: int, vids: list, settle_s: float = 5.0) -> None:
