@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Live:
-    task: asyncio.Task
     tokens: list
     log_probs: Optional[list]
+    task: Optional[asyncio.Task] = None
+    finished: bool = False  # vLLM ended the request (length/stop); False after an abort
 
 
 def _load_blob(worker: Any, blob: bytes) -> int:
@@ -105,9 +106,8 @@ class EngineReplica:
         sp = SamplingParams(**{k: v for k, v in params.items() if k != "logprobs"},
                             logprobs=0 if want_lp else None, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
-        live = _Live(task=None, tokens=[], log_probs=[] if want_lp else None)  # type: ignore[arg-type]
+        live = _Live(tokens=[], log_probs=[] if want_lp else None)
         version = self.version
-        finished = {"v": False}
 
         async def consume() -> None:
             gen = self._engine.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id)
@@ -116,8 +116,7 @@ class EngineReplica:
                 live.tokens.extend(c.token_ids)
                 if want_lp:
                     live.log_probs.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []))
-                if out.finished:
-                    finished["v"] = True
+                live.finished = live.finished or out.finished
 
         live.task = asyncio.get_running_loop().create_task(consume())
         self._live[request_id] = live
@@ -129,7 +128,7 @@ class EngineReplica:
         finally:
             self._live.pop(request_id, None)
         self.generated_tokens += len(live.tokens)
-        return {"token_ids": list(live.tokens), "log_probs": live.log_probs, "finished": finished["v"],
+        return {"token_ids": list(live.tokens), "log_probs": live.log_probs, "finished": live.finished,
                 "version": version, "replica_id": self.replica_id}
 
     async def abort(self, request_ids: Optional[list[str]] = None) -> list[str]:
