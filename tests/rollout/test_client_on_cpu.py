@@ -146,6 +146,7 @@ class StreamingServer:
 
 
 def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
+    from verl_laminar.policy.repack import RepackConfig
     from verl_laminar.rollout.router import RepackSettings
     from verl_laminar.rollout.vllm_metrics import VllmReading
 
@@ -164,7 +165,7 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
             servers[replica.replica_id].version = version
 
         router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                               refresher=refresher, repack=RepackSettings(interval_s=3600, max_batch=4),
+                               refresher=refresher, repack=RepackSettings(RepackConfig(max_batch=4), interval_s=3600),
                                reader=reader)
         await router.start(0)
         client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))

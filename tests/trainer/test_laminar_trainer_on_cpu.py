@@ -116,10 +116,11 @@ def test_repack_is_on_by_default_and_one_key_turns_it_off(recipe_cfg, monkeypatc
     cfg = recipe_cfg.copy()
     assert cfg.actor_rollout_ref.rollout.disable_log_stats is False  # the monitor reads vLLM's stats
     settings = runtime.repack_settings(runtime.prepare_config(cfg))
-    assert settings.max_batch == runtime.CPU_MEASURED_B and settings.interval_s == 5.0 and settings.c_max == 0.99
+    assert settings.policy.max_batch == runtime.CPU_MEASURED_B and settings.interval_s == 5.0
+    assert settings.policy.c_max == 0.99
     assert runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.enabled=false"]))) is None
     pinned = runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])))
-    assert pinned.max_batch == 64
+    assert pinned.policy.max_batch == 64
 
 
 def test_gpu_default_b_is_the_roofline_ridge(monkeypatch):

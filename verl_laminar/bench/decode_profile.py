@@ -4,7 +4,9 @@
 
 Per batch size b: generate b sequences with exactly T_long and then T_short new tokens (min_tokens =
 max_tokens); (t_long - t_short) / (T_long - T_short) is the decode-step time with b sequences, free of prefill
-and start-up. B = policy.roofline.batch_from_profile(profile): the largest b still within 25% of b = 1.
+and start-up. B = policy.roofline.crossover_batch_from_profile(profile), the rule the runtime and
+``bench.repack`` use (where the compute slope times b reaches the single-sequence step); B_flat =
+batch_from_profile(profile): the largest b still within ``--tolerance`` of b = 1.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import time
 from typing import Optional
 
-from verl_laminar.policy.roofline import batch_from_profile
+from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
 
 logger = logging.getLogger("verl_laminar.bench.decode_profile")
 
@@ -55,6 +57,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     batches = sorted({int(b) for b in args.batches.split(",")} | {1})
+    if len(batches) < 3:
+        ap.error(f"--batches {args.batches}: need at least 3 batch sizes with 1 (B comes from the slope between the "
+                 "two largest)")
     if args.t_long <= args.t_short:
         ap.error(f"--t-long {args.t_long} must exceed --t-short {args.t_short}")
     if args.model is None:
@@ -63,11 +68,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.model = str(model_dir())
     step_s = profile(args.model, batches, args.t_short, args.t_long, args.repeats)
     result = {"device": "vllm-cpu", "step_ms": {str(b): 1000 * s for b, s in step_s.items()},
-              "tolerance": args.tolerance, "B": batch_from_profile(step_s, args.tolerance)}
+              "tolerance": args.tolerance, "B": crossover_batch_from_profile(step_s),
+              "B_flat": batch_from_profile(step_s, args.tolerance)}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        logger.info("B = %d", result["B"])
+        logger.info("B = %d (flat-region B: %d)", result["B"], result["B_flat"])
     return 0
 
 

@@ -63,11 +63,10 @@ Refresher = Callable[[ReplicaHandles, int], Awaitable[None]]
 
 @dataclass(frozen=True)
 class RepackSettings:
-    """``laminar.repack`` as the router uses it; ``max_batch`` is B, already resolved."""
+    """``laminar.repack`` as the router uses it: how often to plan, and the planner's bounds (B resolved)."""
 
+    policy: RepackPolicy
     interval_s: float = 5.0
-    c_max: float = 0.99
-    max_batch: int = 256
 
 
 async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
@@ -104,7 +103,7 @@ class LaminarRouter:
         self._closed = False
         self._requests: dict[int, set[str]] = {rid: set() for rid in self._replicas}  # vLLM ids in flight
         self._repack = repack
-        self._rounds = RepackRounds(RepackPolicy(repack.c_max, repack.max_batch)) if repack else None
+        self._rounds = RepackRounds(repack.policy) if repack else None
         self._reader = reader
         self._migrated: set[str] = set()
         self._repack_lock = asyncio.Lock()

@@ -178,9 +178,10 @@ def default_max_batch() -> int:
 
 def repack_settings(laminar: Any) -> Optional[Any]:
     """The router's repack settings from the typed laminar config; None when laminar.repack.enabled=false."""
+    from verl_laminar.policy.repack import RepackConfig as RepackPolicy
     from verl_laminar.rollout.router import RepackSettings
 
     r = laminar.repack
     if not r.enabled:
         return None
-    return RepackSettings(interval_s=r.interval_s, c_max=r.c_max, max_batch=r.max_batch_b or default_max_batch())
+    return RepackSettings(RepackPolicy(c_max=r.c_max, max_batch=r.max_batch_b or default_max_batch()), r.interval_s)
