@@ -130,6 +130,19 @@ def test_rebuild_all_gone_and_unknown_raise():
         rebuild_chain(plan, "z")
 
 
+def test_master_and_its_successor_leave_together():
+    old = plan_chain(["a", "b", "c", "d"], master="a")
+    new = rebuild_chain(old, ["b", "a"])
+    assert new.relays == ("c", "d") and new.master == "c" and new.dropped == ("a", "b")
+    assert fallback_source(old, "a", new.relays) == "c" and fallback_source(old, "b", new.relays) == "c"
+
+
+def test_adopt_as_master_leads_the_chain():
+    plan = rebuild_chain(plan_chain(["a", "b", "c"], master="a"), "a")
+    led = add_relay(plan, "t", master=True)
+    assert led.relays == ("t", "b", "c") and led.master == "t" and led.epoch == plan.epoch + 1
+
+
 def test_rejoin_appends_at_tail():
     plan = rebuild_chain(plan_chain(["a", "b", "c"]), "b")
     again = add_relay(plan, "b")

@@ -175,6 +175,17 @@ class ExperienceBuffer:
             self._wait_s += self._clock() - t0
             return out
 
+    def requeue(self, groups: list[Group]) -> None:
+        """Groups taken by a trainer that died before training them go back to the front, in their order."""
+        with self._cond:
+            for g in reversed(groups):
+                if self._closed_groups.get(g.group_id) != "taken":
+                    raise InvariantViolation(f"group {g.group_id!r} was not taken; it cannot be requeued")
+                del self._closed_groups[g.group_id]
+                self._ready.appendleft(g)
+            self._taken -= len(groups)
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Wake every waiting ``take`` with ``BufferClosed`` (shutdown)."""
         with self._cond:

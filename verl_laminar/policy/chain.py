@@ -175,12 +175,16 @@ def rebuild_chain(
     )
 
 
-def add_relay(plan: ChainPlan, relay: str) -> ChainPlan:
-    """The chain after ``relay`` (re)joins: appended at the tail so no live link is cut."""
+def add_relay(plan: ChainPlan, relay: str, master: bool = False) -> ChainPlan:
+    """The chain after ``relay`` (re)joins: appended at the tail so no live link is cut.
+
+    ``master``: put it first instead (the trainer publishes only to a relay on its own machine, so after
+    the master died there a new relay on that machine must lead the chain; it sends to the old head).
+    """
     if relay in plan.relays:
         return plan
     return ChainPlan(
-        relays=plan.relays + (relay,),
+        relays=(relay,) + plan.relays if master else plan.relays + (relay,),
         chunks=plan.chunks,
         epoch=plan.epoch + 1,
         predicted_s=plan.predicted_s,

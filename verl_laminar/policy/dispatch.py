@@ -256,3 +256,11 @@ def move_group(state: DispatchState, group_id: str, to_replica: int) -> Dispatch
 def mark_dead(state: DispatchState, replica_id: int) -> DispatchState:
     """A dead replica takes nothing; its groups stay pinned until failover moves them."""
     return _with(state, dataclasses.replace(state.replica(replica_id), alive=False, refreshing_to=None))
+
+
+def add_replica(state: DispatchState, replica_id: int, version: int) -> DispatchState:
+    """A new replica joins (a replacement after a failure) serving ``version``; it holds no group yet."""
+    if any(r.replica_id == replica_id for r in state.replicas):
+        raise DispatchError(f"replica {replica_id} is already known; a replacement needs a new id")
+    reps = tuple(sorted(state.replicas + (ReplicaState(replica_id, version),), key=lambda r: r.replica_id))
+    return DispatchState(reps, state.pins)

@@ -83,9 +83,22 @@ class PartialPool:
                      "replica_id": replica_id, "state": dict(state or {})})
 
     def append(self, key: str, version: int, tokens: list[int], logprobs: list[float],
-               state: Optional[dict] = None) -> None:
+               state: Optional[dict] = None, offset: Optional[int] = None) -> bool:
+        """Add a chunk. With ``offset`` (tokens the trajectory had before this chunk) the call is idempotent:
+        a chunk already applied is ignored and False returned. A retried call needs that: when the pool's
+        process dies after logging a chunk but before replying, Ray sends the same chunk again."""
+        if offset is not None:
+            t = self._entries.get(key)
+            if t is not None:
+                have = len(t.tokens)
+                if offset + len(tokens) <= have:
+                    return False  # applied before the restart
+                if offset != have:
+                    raise InvariantViolation(f"chunk for {key!r} starts at token {offset}, but the pool holds "
+                                             f"{have}: a chunk between them was lost")
         self._apply({"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
                      "logprobs": list(map(float, logprobs)), "state": state})
+        return True
 
     def reassign(self, key: str, replica_id: int) -> None:
         """The trajectory continues on another replica (same version; the policy checked that)."""
@@ -104,6 +117,10 @@ class PartialPool:
 
     def __iter__(self) -> Iterator[PartialTrajectory]:
         return iter(list(self._entries.values()))
+
+    def get_many(self, keys: list[str]) -> dict[str, Optional[PartialTrajectory]]:
+        """One round trip for a whole group (``None`` for a key that is not in the pool)."""
+        return {k: self._entries.get(k) for k in keys}
 
     def on_replica(self, replica_id: int) -> list[PartialTrajectory]:
         return [t for t in self._entries.values() if t.replica_id == replica_id]

@@ -82,15 +82,15 @@ class RelayGroup:
         self._broadcast_plan()
         return self._plan
 
-    def adopt(self, relay_id: str, node_id: str, handle: Any) -> None:
-        """Add an already running relay (e.g. a restarted one) at the tail of the chain."""
+    def adopt(self, relay_id: str, node_id: str, handle: Any, master: bool = False) -> None:
+        """Add an already running relay (e.g. a restarted one) at the tail of the chain, or as its master."""
         import ray
 
         info = ray.get(handle.info.remote())
         with self._lock:
             self._actors[relay_id], self._nodes[relay_id] = handle, node_id
             self._addresses[relay_id], self._roots[relay_id] = tuple(info["address"]), info["root"]
-            self._plan = add_relay(self._plan, relay_id) if self._plan else plan_chain([relay_id])
+            self._plan = add_relay(self._plan, relay_id, master) if self._plan else plan_chain([relay_id])
         self._broadcast_plan()
 
     def _broadcast_plan(self) -> None:
@@ -115,9 +115,10 @@ class RelayGroup:
         return self._plan.master
 
     def relay_on_node(self, node_id: str) -> Optional[str]:
+        """The live relay on ``node_id``, the first in chain order (so the master when it runs there)."""
         with self._lock:
-            live = set(self._plan.relays) if self._plan else set()
-            return next((r for r, n in self._nodes.items() if n == node_id and r in live), None)
+            live = self._plan.relays if self._plan else ()
+            return next((r for r in live if self._nodes.get(r) == node_id), None)
 
     def actor_name(self, relay_id: str) -> str:
         return relay_actor_name(self.group, relay_id)

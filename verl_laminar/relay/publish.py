@@ -25,6 +25,14 @@ from verl_laminar.relay.manifest import TensorEntry, VersionManifest
 logger = logging.getLogger(__name__)
 
 
+class RelayGoneError(ConnectionError):
+    """The relay behind a handle is dead (its process exited or was killed); a new master must take over.
+
+    A ``ConnectionError`` (so an ``OSError``) like the socket errors of a standalone relay: callers handle
+    both the same way.
+    """
+
+
 class RelayHandle(Protocol):
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -44,8 +52,12 @@ class RayHandle:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
+        from ray.exceptions import RayActorError
 
-        return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+        except RayActorError as e:  # died before or during the call; not a bug in the call itself
+            raise RelayGoneError(f"relay actor died during {method}: {e}") from e
 
 
 class Publisher:
@@ -119,7 +131,7 @@ class Publisher:
         if nbytes:
             try:
                 self.prepare(nbytes)
-            except OSError as e:
+            except OSError as e:  # RelayGoneError included
                 # The master relay went away (shutdown after the last publish, or a failover in progress): the next
                 # publish finds no warm buffer and takes the begin/end path, which raises if the relay is still gone.
                 logger.info("could not pre-map the next publish buffer (%s); the next publish will not be warm", e)

@@ -75,15 +75,20 @@ class VersionWriter:
         self.entries.append(e)
         self._off = align_up(self._off + e.nbytes)
 
-    def publish(self, version: int, tp_size: int = 1) -> float:
-        """Hand the version to the master relay; returns the stall since this writer was created (s)."""
+    def publish(self, version: int, tp_size: int = 1, publisher: Optional[Publisher] = None) -> float:
+        """Hand the version to the master relay; returns the stall since this writer was created (s).
+
+        ``publisher``: another master's, when the first died during this publish. The tensors were consumed
+        already, so the bytes gathered here (the dead master's buffer stays mapped) are copied over.
+        """
         self._target = None  # release our export of the mapping before the publisher unmaps it
-        if self._first_spill is None and self._warm is not None:
+        if publisher is None and self._first_spill is None and self._warm is not None:
             self.publisher.publish_written(version, self._off, tuple(self.entries), tp_size)
         else:
-            head = bytes(memoryview(self._warm)[: self._first_spill]) if self._warm is not None else b""
+            end = self._off if self._first_spill is None else self._first_spill
+            head = bytes(memoryview(self._warm)[:end]) if self._warm is not None else b""
             parts = ([(0, head)] if head else []) + [(off, b.numpy()) for off, b in self._parts]
-            self.publisher.publish_parts(version, self._off, parts, tuple(self.entries), tp_size)
+            (publisher or self.publisher).publish_parts(version, self._off, parts, tuple(self.entries), tp_size)
         return time.perf_counter() - self.t0
 
 

@@ -24,7 +24,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 from verl_laminar.relay.client import pull
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import VersionManifest
-from verl_laminar.relay.publish import Publisher, RayHandle
+from verl_laminar.relay.publish import Publisher, RayHandle, RelayGoneError
 from verl_laminar.relay.store import StoreReader, VersionGoneError
 from verl_laminar.relay.tensors import VersionWriter, read_tensors
 
@@ -97,14 +97,45 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
 
     # ---- trainer side ----
     def _get_publisher(self) -> Publisher:
+        """The publisher into the master relay, which must run on this (trainer rank 0's) machine."""
         if self._publisher is None:
-            rid, handle = self._local_relay()
-            if rid != self._call(self._group().master.remote()):
+            import ray
+
+            group = self._group()
+            master = self._call(group.master.remote())
+            node = ray.get_runtime_context().get_node_id()
+            rid = self.relay_id or self._call(group.relay_on_node.remote(node))
+            if rid != master:
+                # Publishing is a copy into host memory shared with the master relay: it cannot cross machines.
                 raise RelayUnavailableError(
-                    f"the master relay is not on the trainer's machine (local relay {rid!r}); spawn the group "
-                    "with master=<the relay on trainer rank 0's node>")
+                    f"the master relay {master!r} of group {self.group_name!r} is not on the trainer's machine "
+                    f"(node {node}, local relay {rid!r}); start a relay on this node (relay.group.spawn_relay) and "
+                    "make it the master with RelayGroup.adopt(relay_id, node_id, handle, master=True), or spawn the "
+                    "group with master=<the relay on trainer rank 0's node>")
+            self.relay_id = rid
+            _, handle = self._local_relay()
+            if handle is None:
+                raise RelayGoneError(f"master relay {rid!r} of group {self.group_name!r} is gone")
             self._publisher = Publisher(RayHandle(handle, self.timeout_s))
         return self._publisher
+
+    def _master_failover(self, cause: Exception) -> Publisher:
+        """A publish to master ``self.relay_id`` failed: if the group finds it dead, the new master's publisher.
+
+        The group's ``check`` drops dead relays and promotes the next relay in the chain; with every relay on
+        one machine it is local, otherwise ``_get_publisher`` says how to put a master back on this machine.
+        Re-raises ``cause`` when the master is alive (the failure was not its death).
+        """
+        dead, group = self.relay_id, self._group()
+        self._call(group.check.remote())
+        if self._call(group.master.remote()) == dead:
+            raise cause
+        if self._publisher is not None:
+            self._publisher.close()
+        self._publisher, self.relay_id = None, None  # re-resolve: the chain's first live relay on this node
+        publisher = self._get_publisher()
+        logger.warning("master relay %s died (%s); publishing to the new master %s", dead, cause, self.relay_id)
+        return publisher
 
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
                            global_steps: Optional[int] = None) -> dict:
@@ -116,10 +147,17 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         if version <= self._last_version:
             raise ValueError(f"version {version} is not newer than the last published {self._last_version}; "
                              "pass the trainer's global step")
-        writer = VersionWriter(self._get_publisher())
+        try:
+            publisher = self._get_publisher()
+        except RelayGoneError as e:
+            publisher = self._master_failover(e)
+        writer = VersionWriter(publisher)
         async for name, tensor in ensure_async_iterator(weights):
             writer.add(name, tensor)
-        stall = writer.publish(version)
+        try:
+            stall = writer.publish(version)
+        except (RelayGoneError, TimeoutError) as e:  # a hung relay times out; the group's check tells if it died
+            stall = writer.publish(version, publisher=self._master_failover(e))
         self._last_version = version
         return {"laminar/relay/publish_s": stall, "laminar/relay/version": version}
 

@@ -34,6 +34,8 @@ class CallOutcome:
     ok: bool
     value: Any = None
     reason: str = ""
+    # The worker was killed for overrunning its time; the caller can name its timeout setting in the message.
+    timed_out: bool = False
 
 
 def _context(spec: fn_spec.ScoreFnSpec) -> multiprocessing.context.BaseContext:
@@ -119,7 +121,7 @@ class ScorePool:
             return CallOutcome(False, reason=f"arguments cannot be sent to the reward worker: {e}")
         if not worker.conn.poll(timeout_s):
             worker.stop()
-            return CallOutcome(False, reason=f"timed out after {timeout_s}s; the reward worker was killed")
+            return CallOutcome(False, reason=f"timed out after {timeout_s}s; the reward worker was killed", timed_out=True)
         try:
             kind, payload = worker.conn.recv()
         except (EOFError, OSError):

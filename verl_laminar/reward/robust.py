@@ -85,7 +85,9 @@ class RobustScorer:
         call.update(kwargs)
         outcome = self.pool.call(call, self.config.timeout_s)
         if not outcome.ok:
-            return self._fail(f"{label}: {outcome.reason}")
+            # A timeout is either a hung scorer or a slow one: say which setting lets a slow one finish.
+            hint = " (if the score function is only slow, raise reward_kwargs.timeout_s)" if outcome.timed_out else ""
+            return self._fail(f"{label}: {outcome.reason}{hint}")
         try:
             result = success_result(outcome.value)
         except TypeError as e:

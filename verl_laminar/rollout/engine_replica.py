@@ -8,7 +8,14 @@ The glue between vLLM's ``AsyncLLM`` and repack (``policy.repack``, ``policy.mig
     stats() -> the monitor's reading: KV-cache use and running/waiting counts from vLLM's scheduler stats
         (a ``StatLoggerBase`` sees them every engine step; verl turns stats off, here they are on)
     load_weights(version, blob) -> safetensors bytes into the model (the replica's refresh)
-Used by ``bench.repack`` and the replay test; ``EngineReplicaActor`` is the Ray actor shell.
+    load_from_relay(version, group, relay_id) -> the same, read from the replica's relay (``relay.verl_backend``;
+        a dead relay falls back to its upstream)
+    partial-response pool (optional, ``pool_name``): while a request streams, its new tokens and log-probs go to
+        the pool actor in chunks (``pool.partial.ChunkPolicy``), each tagged with its offset so a retried chunk is
+        applied once; the last chunk is acknowledged before ``generate`` returns, so a caller that closes the
+        trajectory afterwards never races its own data
+Used by ``bench.repack``, the fault-tolerant runtime (``ft``) and the replay test; ``EngineReplicaActor`` is
+the Ray actor shell.
 """
 
 from __future__ import annotations
@@ -66,10 +73,45 @@ def _make_probe(sink: dict) -> type:
     return KvProbe
 
 
+class _PoolStreamer:
+    """Sends a piece's new tokens to the pool in chunks; each chunk carries its offset (idempotent append)."""
+
+    def __init__(self, pool: Any, key: str, version: int, offset: int, chunk: Optional[Any]) -> None:
+        from verl_laminar.pool.partial import ChunkPolicy
+
+        self.pool, self.key, self.version, self.offset = pool, key, version, offset
+        self.policy = chunk or ChunkPolicy()
+        self.sent = 0
+        self.last = time.monotonic()
+        self.chunks = 0
+
+    def _send(self, live: _Live) -> Any:
+        n = len(live.tokens)
+        ref = self.pool.append.remote(self.key, self.version, live.tokens[self.sent:n], live.log_probs[self.sent:n],
+                                      None, self.offset + self.sent)
+        self.sent, self.last = n, time.monotonic()
+        self.chunks += 1
+        return ref
+
+    def maybe_flush(self, live: _Live) -> None:
+        if self.policy.due(len(live.tokens) - self.sent, time.monotonic() - self.last):
+            self._send(live)  # not awaited: calls from one caller run in order on the pool actor
+
+    async def flush(self, live: _Live) -> None:
+        if len(live.tokens) > self.sent:
+            await self._send(live)
+        else:
+            # nothing new; still wait for the chunks already sent, so the caller sees them applied
+            await self.pool.__ray_call__.remote(lambda pool: None)
+
+
 class EngineReplica:
     def __init__(self, replica_id: int, model_dir: str, kv_cache_bytes: int = 16 << 20, max_num_seqs: int = 64,
-                 max_model_len: int = 512, dtype: str = "bfloat16", seed: int = 0) -> None:
+                 max_model_len: int = 512, dtype: str = "bfloat16", seed: int = 0, pool_name: Optional[str] = None,
+                 chunk: Optional[Any] = None) -> None:
         self.replica_id = replica_id
+        self._pool_name, self._pool = pool_name, None
+        self._chunk = chunk  # pool.partial.ChunkPolicy; None with a pool: its defaults
         self._args = dict(model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, kv_cache_memory_bytes=kv_cache_bytes, seed=seed,
                           disable_log_stats=False)
@@ -95,8 +137,19 @@ class EngineReplica:
             raise RuntimeError(f"replica {self.replica_id}: vLLM reported no KV cache blocks ({cache})")
         return {"replica_id": self.replica_id, "kv_capacity_tokens": self.kv_capacity_tokens, "pid": os.getpid()}
 
-    async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> dict:
-        """Generate one piece; returns early (finished=False) when ``abort`` takes the request away."""
+    def _pool_handle(self) -> Any:
+        if self._pool is None:
+            import ray
+
+            self._pool = ray.get_actor(self._pool_name)
+        return self._pool
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: dict, pool_key: Optional[str] = None,
+                       pool_offset: int = 0) -> dict:
+        """Generate one piece; returns early (finished=False) when ``abort`` takes the request away.
+
+        With ``pool_key`` the piece streams to the partial-response pool; ``pool_offset`` is how many tokens of
+        the trajectory the pool already holds (earlier pieces)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -108,6 +161,12 @@ class EngineReplica:
                             output_kind=RequestOutputKind.DELTA)
         live = _Live(tokens=[], log_probs=[] if want_lp else None)
         version = self.version
+        streamer = None
+        if pool_key is not None and self._pool_name is not None:
+            if not want_lp:
+                raise ValueError(f"request {request_id}: the partial-response pool keeps rollout log-probs; "
+                                 "request logprobs=True")
+            streamer = _PoolStreamer(self._pool_handle(), pool_key, version, pool_offset, self._chunk)
 
         async def consume() -> None:
             gen = self._engine.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id)
@@ -117,6 +176,8 @@ class EngineReplica:
                 if want_lp:
                     live.log_probs.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []))
                 live.finished = live.finished or out.finished
+                if streamer is not None:
+                    streamer.maybe_flush(live)
 
         live.task = asyncio.get_running_loop().create_task(consume())
         self._live[request_id] = live
@@ -127,6 +188,8 @@ class EngineReplica:
                 raise  # the caller itself was cancelled
         finally:
             self._live.pop(request_id, None)
+        if streamer is not None:
+            await streamer.flush(live)  # acknowledged: everything this piece made is in the pool
         self.generated_tokens += len(live.tokens)
         return {"token_ids": list(live.tokens), "log_probs": live.log_probs, "finished": live.finished,
                 "version": version, "replica_id": self.replica_id}
@@ -162,6 +225,30 @@ class EngineReplica:
         await self._engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = int(version)
         return time.perf_counter() - t0
+
+    async def load_from_relay(self, version: int, group_name: str, relay_id: str,
+                              namespace: Optional[str] = None, timeout_s: float = 60.0) -> float:
+        """Refresh from this machine's relay (its upstream when the relay died); returns load seconds."""
+        from safetensors.torch import save
+
+        from verl_laminar.relay.verl_backend import RelayCheckpointEngine
+
+        engine = RelayCheckpointEngine(group_name=group_name, namespace=namespace, relay_id=relay_id,
+                                       timeout_s=timeout_s)
+
+        def read() -> bytes:
+            # the tensors view the relay's host memory; safetensors copies them into one blob
+            return save({k: v.contiguous() for k, v in engine.receive_weights(version)})
+
+        blob = await asyncio.to_thread(read)
+        if engine.served_version != version:
+            raise RuntimeError(f"replica {self.replica_id}: asked relay {relay_id} for version {version}, got "
+                               f"{engine.served_version}")
+        return await self.load_weights(version, blob)
+
+    def ping(self) -> float:
+        """Heartbeat: answers from the actor's loop, so a wedged loop reads as silence."""
+        return time.monotonic()
 
     def shutdown(self) -> None:
         if self._engine is not None:

@@ -18,7 +18,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
-from verl_laminar.sandbox.result import SandboxResult
+from verl_laminar.sandbox.result import SandboxResult, SandboxStatus
 from verl_laminar.sandbox.runner import LocalSandbox
 from verl_laminar.tools.config import CodeInterpreterConfig
 from verl_laminar.tools.formatting import BadToolCall, extract_code, metrics, render
@@ -87,4 +87,9 @@ class CodeInterpreterTool(BaseTool):
             # The service's fault, not the model's: say so, log it, keep the rollout going.
             logger.warning("code_interpreter: %s", e)
             return ToolResponse(text="Error: the code sandbox is unavailable; try again."), 0.0, {"status": "sandbox_error"}
+        if result.status is SandboxStatus.TIMEOUT:
+            # The model is told in the response; the operator needs the call and the setting that bounds it.
+            logger.info("code_interpreter call %s timed out after %.1fs and was killed (tool config timeout_s=%s: "
+                        "raise it in the tool YAML if correct code needs longer)", instance_id, result.wall_s,
+                        self.settings.timeout_s)
         return ToolResponse(text=render(result, self.settings.max_output_chars)), 0.0, metrics(result)

@@ -1,0 +1,1 @@
+"""Chaos benchmark for the fault-tolerant runtime (``python -m verl_laminar.chaos``)."""

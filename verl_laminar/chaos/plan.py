@@ -1,0 +1,85 @@
+"""Chaos planning and accounting (pure): a seeded fault schedule, and training throughput around each fault.
+
+    schedule(counts, seed, ...)   -> faults in a seeded random order, separated by seeded random gaps
+    throughput_report(steps, ...) -> train tokens/s before the first fault, during recoveries, and after each
+                                     recovery (with its ratio to the pre-fault level)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+KINDS = ("rollout", "relay", "master_relay", "pool", "trainer")
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    kind: str
+    gap_s: float  # seconds after the previous fault recovered (the first: after warm-up)
+
+
+def parse_counts(text: str) -> dict[str, int]:
+    """``rollout=3,relay=1,...`` -> counts; unknown kinds and negative counts are errors."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, n = part.partition("=")
+        if kind not in KINDS:
+            raise ValueError(f"--faults: unknown fault kind {kind!r}; kinds are {', '.join(KINDS)}")
+        try:
+            out[kind] = int(n)
+        except ValueError:
+            raise ValueError(f"--faults: {part!r} needs a count, e.g. {kind}=2") from None
+        if out[kind] < 0:
+            raise ValueError(f"--faults: {kind}={out[kind]} must be >= 0")
+    return out
+
+
+def schedule(counts: dict[str, int], seed: int, gap_s: tuple[float, float], relays: int) -> list[PlannedFault]:
+    """Seeded order and gaps. Relay kills (master included) must leave at least one relay alive."""
+    lo, hi = gap_s
+    if not 0 <= lo <= hi:
+        raise ValueError(f"gap range {gap_s} must satisfy 0 <= min <= max")
+    relay_kills = counts.get("relay", 0) + counts.get("master_relay", 0)
+    if relay_kills > relays - 1:
+        raise ValueError(f"{relay_kills} relay kills need at least {relay_kills + 1} relays; there are {relays} "
+                         "(one per rollout replica plus the trainer's)")
+    if counts.get("master_relay", 0) > 1:
+        # the runtime spawns no replacement relays, so a second master kill would leave the chain headless
+        # faster than the schedule can be reasoned about; one master failover is the case to exercise
+        raise ValueError("master_relay=1 at most in one run")
+    kinds = [k for k in KINDS for _ in range(counts.get(k, 0))]
+    rng = random.Random(seed)
+    rng.shuffle(kinds)
+    return [PlannedFault(k, rng.uniform(lo, hi)) for k in kinds]
+
+
+def _rate(steps: Sequence[tuple[float, int]], t0: float, t1: float) -> Optional[float]:
+    if t1 - t0 <= 0:
+        return None
+    return sum(tok for t, tok in steps if t0 <= t < t1) / (t1 - t0)
+
+
+def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple[str, float, float]],
+                      t_end: float, min_window_s: float = 15.0) -> dict:
+    """``steps``: (commit time, tokens); ``faults``: (kind, kill time, recovered time) in order.
+
+    before: from the first commit to the first kill. during: over every [kill, recovered] interval.
+    after each fault: from its recovery to the next kill (or the end); a window shorter than
+    ``min_window_s`` holds too few steps to judge and is reported as None.
+    """
+    steps = sorted(steps)
+    if not steps:
+        raise ValueError("no training step was committed")
+    first_kill = faults[0][1] if faults else t_end
+    before = _rate(steps, steps[0][0], first_kill)
+    during_tok = sum(tok for t, tok in steps if any(k <= t < r for _, k, r in faults))
+    during_s = sum(r - k for _, k, r in faults)
+    after = []
+    for i, (kind, _, rec) in enumerate(faults):
+        end = faults[i + 1][1] if i + 1 < len(faults) else t_end
+        rate = _rate(steps, rec, end) if end - rec >= min_window_s else None
+        after.append({"kind": kind, "window_s": end - rec, "tokens_per_s": rate,
+                      "ratio_to_before": None if rate is None or not before else rate / before})
+    return {"before": before, "during": during_tok / during_s if during_s > 0 else None, "after": after}

@@ -1,0 +1,1 @@
+"""Fault tolerance: the runtime that survives rollout, relay, pool and trainer deaths, and its trainer."""

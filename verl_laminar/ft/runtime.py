@@ -1,0 +1,586 @@
+"""The fault-tolerant Laminar runtime: rollouts, relays, pool, ledger and trainer that survive each other's death.
+
+Dataflow (one asyncio loop in the driver; every component is its own process):
+    queue of prompt groups -> policy.dispatch (whole group to one replica, one version) -> run_group
+    run_group: pool.open per response -> EngineReplica.generate (streams chunks to the pool) -> all n done
+               -> ledger.put_group (the experience buffer) -> pool.close -> finish_group -> next groups
+    trainer process: ledger.lease -> step -> checkpoint -> ledger.commit -> publish to the master relay
+    relay chain: master -> ... ; each replica refreshes from its own relay when its batch ended
+    heartbeat loop: ping every replica; an actor error or ``dead_after_s`` of silence marks it dead
+    failover (policy.failover.plan_failover): each orphaned group moves whole to a live replica of its
+               version and its responses continue from the pool's tokens; no such replica -> a replacement
+               replica loads that version from a relay; too old or version gone -> regenerated from the
+               prompt with the newest weights (counted). A replacement keeps the fleet at its size.
+    trainer watch: the trainer process died -> a new one loads the checkpoint, reconciles the ledger
+               (leased-but-untrained groups go back) and republishes; rollouts never stop meanwhile
+    relay group monitor: a dead relay is dropped and the chain rebuilt (a new master if needed)
+Flow control: no new group is dispatched while more than ``max_ahead_groups`` groups wait to be trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl_laminar.buffer.experience import Trajectory as BufferTrajectory
+from verl_laminar.policy.dispatch import (
+    DispatchConfig,
+    RoutingError,
+    add_replica,
+    apply_plan,
+    complete_refresh,
+    abandon_refresh,
+    finish_group,
+    initial_state,
+    mark_dead,
+    move_group,
+    plan_dispatch,
+)
+from verl_laminar.policy.failover import (
+    Health,
+    HeartbeatPolicy,
+    OrphanGroup,
+    ReplicaView,
+    plan_failover,
+)
+from verl_laminar.policy.migration import Piece, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    workdir: str
+    model_dir: str
+    replicas: int = 3
+    n: int = 4
+    groups_per_batch: int = 2
+    groups_per_step: int = 2
+    max_tokens: int = 96
+    median: int = 24
+    temperature: float = 1.0
+    kv_mb: int = 4
+    dtype: str = "float32"
+    heartbeat: HeartbeatPolicy = HeartbeatPolicy(interval_s=0.5, dead_after_s=3.0)
+    max_age_s: float = 120.0  # past this a group waiting for a replacement replica is regenerated instead
+    pool: bool = True
+    flush_tokens: int = 16
+    flush_interval_s: float = 0.5
+    max_ahead_groups: int = 8
+    seed: int = 0
+    namespace: str = "laminar_ft"
+
+    def __post_init__(self) -> None:
+        if self.replicas < 2:
+            raise ValueError(f"replicas={self.replicas}: failover needs at least 2 rollout replicas")
+        if self.max_ahead_groups < self.groups_per_step:
+            raise ValueError(f"max_ahead_groups={self.max_ahead_groups} must be >= groups_per_step="
+                             f"{self.groups_per_step}, or the trainer could never lease a full step")
+
+
+class Regenerate(Exception):
+    """The group's version is gone: its responses restart from the prompt with the newest weights."""
+
+
+def reward_of(token_ids: list[int]) -> float:
+    """A rule-based reward the trainer can learn: the share of even token ids in the response."""
+    return sum(1 for t in token_ids if t % 2 == 0) / max(1, len(token_ids))
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    t_kill: float
+    t_detect: Optional[float] = None
+    t_recovered: Optional[float] = None
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def recovery_s(self) -> Optional[float]:
+        return None if self.t_recovered is None else self.t_recovered - self.t_kill
+
+
+class FtRuntime:
+    def __init__(self, s: RuntimeSettings, workload: Any) -> None:
+        self.s, self.work = s, workload
+        self.cfg = DispatchConfig(s.groups_per_batch)
+        self.replicas: dict[int, Any] = {}
+        self.pids: dict[int, list[int]] = {}
+        self.beats: dict[int, float] = {}
+        self.state = initial_state(range(s.replicas), 0)
+        self.queue: list[str] = []
+        self.feed = list(workload.groups)
+        self.feeding = True
+        self.attempt: dict[str, int] = {}
+        self.started_s: dict[str, float] = {}
+        self.trajectories_started = 0
+        self.regenerated = 0
+        self.resumed_from_pool = 0
+        self.mixed_version = 0
+        self.done_groups: set[str] = set()
+        self.faults: list[FaultRecord] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.error: Optional[BaseException] = None
+        self.next_rid = s.replicas
+        self.relay_group: Any = None
+        self.relay_ids: list[str] = []
+        self.pool: Any = None
+        self.ledger: Any = None
+        self.trainer: Any = None
+        self.trainer_pid: Optional[int] = None
+        self.trainer_restarts = 0
+        self.newest: dict[int, int] = {}
+        self._trained_n = 0
+        self._failing: set[int] = set()
+        self._stop = asyncio.Event()
+
+    # ---------------------------------------------------------------- start / stop
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self._reap)
+        return t
+
+    def _reap(self, t: asyncio.Task) -> None:
+        self.tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None and self.error is None:
+            logger.error("runtime task failed: %r", t.exception())
+            self.error = t.exception()
+            self._stop.set()
+
+    def _relay_for(self, rid: int) -> str:
+        return self.relay_ids[1 + rid % (len(self.relay_ids) - 1)]
+
+    async def _start_replica(self, rid: int) -> Any:
+        import ray
+
+        from verl_laminar.pool.partial import ChunkPolicy
+        from verl_laminar.rollout.engine_replica import EngineReplicaActor
+
+        ncpu = os.cpu_count() or 1
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(rid % ncpu), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        h = ray.remote(EngineReplicaActor).options(
+            num_cpus=0, max_concurrency=1000, max_restarts=0, namespace=self.s.namespace,
+            runtime_env={"env_vars": env}).remote(
+            rid, self.s.model_dir, kv_cache_bytes=self.s.kv_mb << 20, max_num_seqs=64,
+            max_model_len=self.s.max_tokens + 64, dtype=self.s.dtype, seed=self.s.seed + rid,
+            pool_name=self._pool_name() if self.s.pool else None,
+            chunk=ChunkPolicy(self.s.flush_tokens, self.s.flush_interval_s))
+        await h.start.remote()
+        self.pids[rid] = await h.pids.remote()
+        self.beats[rid] = time.monotonic()
+        return h
+
+    def _pool_name(self) -> str:
+        return f"{self.s.namespace}_pool"
+
+    async def start(self) -> None:
+        import ray
+
+        from verl_laminar.buffer.ledger import TrainLedger
+        from verl_laminar.pool.actor import spawn_pool
+        from verl_laminar.relay.group import RelayGroup
+
+        os.makedirs(self.s.workdir, exist_ok=True)
+        node, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        group_name = f"{self.s.namespace}_relays"
+        self.relay_group = ray.remote(RelayGroup).options(name=group_name, namespace=self.s.namespace,
+                                                          max_concurrency=16, num_cpus=0).remote(
+            group_name, namespace=self.s.namespace)
+        self.relay_ids = [f"r{i}" for i in range(self.s.replicas + 1)]  # r0: the trainer's machine (master)
+        await self.relay_group.spawn.remote({r: (node, ip) for r in self.relay_ids}, master="r0", chunks=8)
+        await self.relay_group.start_monitor.remote()
+        if self.s.pool:
+            self.pool = spawn_pool(os.path.join(self.s.workdir, "pool.log"), name=self._pool_name())
+        self.ledger = ray.remote(TrainLedger).options(name=f"{self.s.namespace}_ledger", namespace=self.s.namespace,
+                                                      max_concurrency=8, num_cpus=0).remote()
+        hs = await asyncio.gather(*(self._start_replica(i) for i in range(self.s.replicas)))
+        self.replicas = dict(enumerate(hs))
+        await self._start_trainer()
+
+    def trainer_settings(self) -> Any:
+        from verl_laminar.ft.trainer import TrainerSettings
+
+        return TrainerSettings(model_dir=self.s.model_dir, ckpt_dir=os.path.join(self.s.workdir, "ckpt"),
+                               ledger_name=f"{self.s.namespace}_ledger", relay_group=f"{self.s.namespace}_relays",
+                               namespace=self.s.namespace, groups_per_step=self.s.groups_per_step)
+
+    async def _start_trainer(self) -> dict:
+        import ray
+
+        from verl_laminar.ft.trainer import TrainerActor
+
+        self.trainer = ray.remote(TrainerActor).options(num_cpus=0, max_restarts=0,
+                                                        namespace=self.s.namespace).remote(self.trainer_settings())
+        self.trainer_pid = await self.trainer.pid.remote()
+        info = await self.trainer.recover.remote()
+        self._trainer_run = self.trainer.run.remote()
+        return info
+
+    async def shutdown(self) -> None:
+        import ray
+
+        from verl_laminar.bench.repack import reap
+
+        self._stop.set()
+        for t in list(self.tasks):
+            t.cancel()
+        pids = [p for ps in self.pids.values() for p in ps[1:]]
+        for h in list(self.replicas.values()):
+            try:
+                await asyncio.wait_for(h.shutdown.remote(), 10)
+            except Exception:  # noqa: BLE001 - fault boundary: a dead replica cannot shut down
+                pass
+            ray.kill(h)
+        reap(pids)  # vLLM engine processes of killed replicas, by PID
+        if self.ledger is not None:
+            await self.ledger.close.remote()
+        for h in (self.trainer, self.ledger):
+            if h is not None:
+                ray.kill(h)
+        if self.pool is not None:
+            ray.kill(self.pool, no_restart=True)
+        if self.relay_group is not None:
+            try:
+                await asyncio.wait_for(self.relay_group.shutdown.remote(), 30)
+            except Exception:  # noqa: BLE001 - best effort; the relays are killed below anyway
+                pass
+            ray.kill(self.relay_group)
+
+    # ---------------------------------------------------------------- dispatch
+    def pump(self) -> None:
+        if self._stop.is_set():
+            return
+        outstanding = len(self.started_s) - self._trained_n  # dispatched, not yet trained
+        while self.feeding and self.feed and outstanding + len(self.queue) < self.s.max_ahead_groups:
+            self.queue.append(self.feed.pop(0))
+        plan = plan_dispatch(self.state, self.queue, self.newest, self.cfg)
+        self.state = apply_plan(self.state, plan, self.cfg)
+        self.queue = list(plan.waiting)
+        for d in plan.refreshes:
+            self._spawn(self._refresh(d.replica_id, d.to_version))
+        for a in plan.assignments:
+            self.started_s.setdefault(a.group_id, time.monotonic())
+            self._spawn(self.run_group(a.group_id))
+
+    async def _refresh(self, rid: int, version: int) -> None:
+        from ray.exceptions import RayActorError
+
+        try:
+            await self.replicas[rid].load_from_relay.remote(version, f"{self.s.namespace}_relays",
+                                                           self._relay_for(rid), self.s.namespace)
+        except RayActorError:
+            await self.replica_failed(rid, "died while loading weights")
+            return
+        except Exception as e:  # noqa: BLE001 - fault boundary: a failed load keeps the old version; retry
+            logger.warning("replica %d: load of version %d failed (%r); it keeps serving its version", rid, version, e)
+            if self.state.replica(rid).refreshing_to is not None:
+                self.state = abandon_refresh(self.state, rid)
+            await asyncio.sleep(1.0)
+            self.pump()
+            return
+        if self.state.replica(rid).alive:
+            self.state = complete_refresh(self.state, rid, version)
+        self.pump()
+
+    def _traj_key(self, gid: str, j: int) -> str:
+        return f"{gid}_{j}"
+
+    def _pool_key(self, gid: str, j: int) -> str:
+        return f"{gid}_{j}@{self.attempt.get(gid, 0)}"
+
+    async def run_group(self, gid: str) -> None:
+        a = self.state.pins[gid]
+        n = len(self.work.lengths[gid])
+        self.trajectories_started += n
+        sampling = {"temperature": self.s.temperature, "ignore_eos": True, "logprobs": True}
+        if self.pool is not None:
+            await asyncio.gather(*(self.pool.open.remote(self._pool_key(gid, j), gid, a.version,
+                                                         self.work.prompts[gid], dict(sampling, max_tokens=L),
+                                                         a.replica_id)
+                                   for j, L in enumerate(self.work.lengths[gid])))
+        # every response ends before the group is judged: on a regeneration all of them stop at _placed
+        got = await asyncio.gather(*(self.run_traj(gid, j, a.version, sampling) for j in range(n)),
+                                   return_exceptions=True)
+        failed = [e for e in got if isinstance(e, BaseException)]
+        if failed and not all(isinstance(e, Regenerate) for e in failed):
+            raise next(e for e in failed if not isinstance(e, Regenerate))
+        trajs = got
+        if failed:
+            await self._close_pool(gid, n)
+            self.regenerated += n
+            self.attempt[gid] = self.attempt.get(gid, 0) + 1
+            self.queue.insert(0, gid)
+            self.pump()
+            return
+        versions = {p.version for t in trajs for p in t.pieces}
+        if len(versions) != 1:
+            self.mixed_version += 1
+            raise RuntimeError(f"group {gid} mixes versions {sorted(versions)}")
+        now = time.time()
+        batch = [BufferTrajectory(self._traj_key(gid, j), gid, n, trajs[j].version, now,
+                                  {"prompt_ids": list(self.work.prompts[gid]), "token_ids": trajs[j].token_ids(),
+                                   "log_probs": trajs[j].log_probs(), "reward": reward_of(trajs[j].token_ids())})
+                 for j in range(n)]
+        await self.ledger.put_group.remote(batch)
+        await self._close_pool(gid, n)
+        self.state, _ = finish_group(self.state, gid)
+        self.done_groups.add(gid)
+        self.pump()
+
+    async def _close_pool(self, gid: str, n: int) -> None:
+        if self.pool is not None:
+            await asyncio.gather(*(self.pool.close.remote(self._pool_key(gid, j)) for j in range(n)))
+
+    async def run_traj(self, gid: str, j: int, version: int, sampling: dict) -> Trajectory:
+        from ray.exceptions import RayActorError
+
+        key, L = self._traj_key(gid, j), self.work.lengths[gid][j]
+        t = Trajectory(key, tuple(self.work.prompts[gid]), L, sampling)
+        while not t.done:
+            a = await self._placed(gid, version)
+            prompt, params = t.next_request()
+            try:
+                out = await self.replicas[a.replica_id].generate.remote(
+                    f"{key}@{self.attempt.get(gid, 0)}.{len(t.pieces)}.{a.replica_id}", prompt, params,
+                    pool_key=self._pool_key(gid, j) if self.pool is not None else None, pool_offset=t.generated)
+            except RayActorError:
+                await self.replica_failed(a.replica_id, "a request failed: actor died")
+                t = await self._resume(gid, j, version, sampling, t)
+                continue
+            t.add(Piece(tuple(out["token_ids"]), tuple(out["log_probs"]), out["version"], out["replica_id"],
+                        bool(out["finished"])))
+        return t
+
+    async def _placed(self, gid: str, version: int) -> Any:
+        """Wait until the group is on a live replica of its version; Regenerate if failover gave it up."""
+        while True:
+            a = self.state.pins.get(gid)
+            if a is None or a.version != version:
+                raise Regenerate(gid)
+            r = self.state.replica(a.replica_id)
+            if r.alive and r.version == version and r.refreshing_to is None:
+                return a
+            await asyncio.sleep(0.05)
+
+    async def _resume(self, gid: str, j: int, version: int, sampling: dict, old: Trajectory) -> Trajectory:
+        """Continue from what the pool holds (the dead replica's unflushed tail is generated again)."""
+        t = Trajectory(old.request_id, old.prompt_ids, old.max_tokens, sampling)
+        if self.pool is not None:
+            entry = await self.pool.get.remote(self._pool_key(gid, j))
+            if entry.version != version:
+                raise RuntimeError(f"pool entry {entry.key} has version {entry.version}, group pinned to {version}")
+            if entry.tokens:
+                # all of it already made (only the reply was lost): the trajectory is complete
+                t.add(Piece(tuple(entry.tokens), tuple(entry.logprobs), version, -1,
+                            finished=len(entry.tokens) >= old.max_tokens))
+                self.resumed_from_pool += 1
+        return t
+
+    # ---------------------------------------------------------------- failures
+    async def replica_failed(self, rid: int, why: str) -> None:
+        """Mark dead once, fence it, plan failover (pure policy) and execute the plan."""
+        import ray
+
+        from verl_laminar.bench.repack import reap
+
+        if rid in self._failing or not self.state.replica(rid).alive:
+            return
+        self._failing.add(rid)
+        now = time.monotonic()
+        logger.warning("replica %d is dead (%s); failing over", rid, why)
+        fault = next((f for f in reversed(self.faults) if f.target == f"replica{rid}" and f.t_detect is None), None)
+        if fault is not None:
+            fault.t_detect = time.time()
+        ray.kill(self.replicas[rid])  # fence: a wedged replica must not keep writing to the pool
+        reap(self.pids.get(rid, [])[1:])
+        self.state = mark_dead(self.state, rid)
+        orphans = [OrphanGroup(g, a.version, len(self.work.lengths[g]), self.started_s.get(g, now))
+                   for g, a in self.state.pins.items() if a.replica_id == rid]
+        load = {r.replica_id: 0 for r in self.state.replicas}
+        for g, a in self.state.pins.items():
+            load[a.replica_id] += len(self.work.lengths[g])
+        views = [ReplicaView(r.replica_id, r.version, Health.ALIVE if r.alive and r.refreshing_to is None
+                             else Health.DEAD, load[r.replica_id]) for r in self.state.replicas]
+        kept = await self._relay_versions()
+        plan = plan_failover(orphans, views, now, kept, self.s.max_age_s)
+        for gid, target in plan.moves:
+            self.state = move_group(self.state, gid, target)
+        for gid in plan.regenerate:
+            self.state, _ = finish_group(self.state, gid)  # unpinned: _placed raises Regenerate
+        new_id = self.next_rid
+        self.next_rid += 1
+        version = plan.replacements[0][0] if plan.replacements else None
+        waiting = plan.replacements[0][1] if plan.replacements else ()
+        for v, gs in plan.replacements[1:]:  # one replacement per failure; other versions regenerate
+            for gid in gs:
+                self.state, _ = finish_group(self.state, gid)
+        if fault is not None:
+            fault.detail.update(orphans=len(orphans), moved=len(plan.moves), regenerated=len(plan.regenerate),
+                                waiting_for_replacement=len(waiting))
+            if not waiting:
+                fault.t_recovered = time.time()  # every orphan is placed on a live replica again
+        self._spawn(self._replace(rid, new_id, version, waiting, fault))
+        self.pump()
+
+    async def _relay_versions(self) -> list[int]:
+        import ray
+
+        try:
+            master = await self.relay_group.master.remote()
+            relay = ray.get_actor(await self.relay_group.actor_name.remote(master), namespace=self.s.namespace)
+            return list(await relay.versions.remote()) + [0]  # v0 is the model every replica starts from
+        except Exception:  # noqa: BLE001 - no relay answers: only v0 can be rebuilt
+            return [0]
+
+    async def _replace(self, dead: int, rid: int, version: Optional[int], waiting: tuple, fault: Any) -> None:
+        """Start a replica in the dead one's place; it first serves ``version`` when groups wait for it."""
+        h = await self._start_replica(rid)
+        if version:
+            await h.load_from_relay.remote(version, f"{self.s.namespace}_relays", self._relay_for(rid),
+                                           self.s.namespace)
+        self.replicas[rid] = h
+        self.state = add_replica(self.state, rid, version if version is not None else 0)
+        for gid in waiting:
+            if gid in self.state.pins:
+                self.state = move_group(self.state, gid, rid)
+        if fault is not None:
+            fault.detail["replacement_s"] = time.time() - fault.t_kill
+            if fault.t_recovered is None:
+                fault.t_recovered = time.time()
+        logger.info("replica %d replaces %d (version %s, %d groups waited)", rid, dead, version, len(waiting))
+        self.pump()
+
+    async def heartbeat_loop(self) -> None:
+        from ray.exceptions import RayActorError
+
+        hb = self.s.heartbeat
+        while not self._stop.is_set():
+            live = [r.replica_id for r in self.state.replicas if r.alive and r.replica_id in self.replicas]
+
+            async def beat(rid: int) -> None:
+                try:
+                    await asyncio.wait_for(self.replicas[rid].ping.remote(), hb.interval_s)
+                    self.beats[rid] = time.monotonic()
+                except RayActorError:
+                    self.beats[rid] = float("-inf")  # an actor error is a death notice, not a late beat
+                except asyncio.TimeoutError:
+                    pass
+
+            await asyncio.gather(*(beat(r) for r in live))
+            now = time.monotonic()
+            for rid in live:
+                if hb.health(self.beats[rid], now) is Health.DEAD:
+                    await self.replica_failed(rid, f"no heartbeat for {now - self.beats[rid]:.1f} s")
+            await asyncio.sleep(hb.interval_s)
+
+    async def version_loop(self) -> None:
+        """What each replica's relay holds (its upstream's when it died): the newest a refresh may load."""
+        import ray
+
+        while not self._stop.is_set():
+            try:
+                plan = await self.relay_group.plan.remote()
+                live = set(plan.relays)
+                newest = {}
+                for rid in self.replicas:
+                    relay = self._relay_for(rid)
+                    relay = relay if relay in live else plan.master
+                    h = ray.get_actor(await self.relay_group.actor_name.remote(relay), namespace=self.s.namespace)
+                    v = await asyncio.wait_for(h.newest.remote(), 2.0)
+                    if v is not None:
+                        newest[rid] = v
+                self.newest = newest
+                self._trained_n = (await self.ledger.stats.remote())["trained_groups"]
+            except Exception as e:  # noqa: BLE001 - a relay dying between plan and query: next poll
+                logger.debug("version poll failed: %r", e)
+            self.pump()
+            await asyncio.sleep(0.25)
+
+    async def trainer_loop(self) -> None:
+        from ray.exceptions import RayActorError
+
+        while not self._stop.is_set():
+            try:
+                await self._trainer_run
+                return
+            except RayActorError:
+                fault = next((f for f in reversed(self.faults) if f.kind == "trainer" and f.t_recovered is None), None)
+                if fault is not None:
+                    fault.t_detect = time.time()
+                logger.warning("trainer process died; restarting it from its checkpoint")
+                self.trainer_restarts += 1
+                info = await self._start_trainer()
+                if fault is not None:
+                    fault.t_recovered = time.time()
+                    fault.detail.update(info)
+
+    async def run(self, until: Any) -> None:
+        """Run until ``until(self)`` says feeding is over, then drain: every started group trained."""
+        self.pump()
+        for loop in (self.heartbeat_loop(), self.version_loop(), self.trainer_loop()):
+            self._spawn(loop)
+        while not self._stop.is_set():
+            if self.feeding and await until(self):
+                self.feeding = False
+                logger.info("feeding stopped; draining %d groups", len(self.started_s) - self._trained_n)
+            if not self.feeding and self._trained_n >= len(self.started_s) and not self.queue:
+                break
+            await asyncio.sleep(0.25)
+        if self.error is not None:
+            raise self.error
+
+    # ---------------------------------------------------------------- fault injection (by PID)
+    async def kill_replica(self, rid: int) -> FaultRecord:
+        f = FaultRecord("rollout", f"replica{rid}", time.time(), detail={"pid": self.pids[rid][0]})
+        self.faults.append(f)
+        os.kill(self.pids[rid][0], signal.SIGKILL)
+        return f
+
+    async def relay_pid(self, relay_id: str) -> int:
+        import ray
+
+        h = ray.get_actor(await self.relay_group.actor_name.remote(relay_id), namespace=self.s.namespace)
+        return await h.__ray_call__.remote(lambda self_: os.getpid())
+
+    async def kill_relay(self, relay_id: str, kind: str = "relay") -> FaultRecord:
+        pid = await self.relay_pid(relay_id)
+        f = FaultRecord(kind, relay_id, time.time(), detail={"pid": pid})
+        self.faults.append(f)
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            ev = [e for e in await self.relay_group.events.remote()
+                  if relay_id in e.get("dropped", ()) and "t_rebuilt" in e]
+            if ev:
+                f.t_detect, f.t_recovered = ev[0]["t_detect"], ev[0]["t_rebuilt"]
+                f.detail["master_changed"] = ev[0]["master_changed"]
+                return f
+            await asyncio.sleep(0.02)
+
+    async def kill_pool(self) -> FaultRecord:
+        pid = await self.pool.__ray_call__.remote(lambda p: os.getpid())
+        f = FaultRecord("pool", "pool", time.time(), detail={"pid": pid})
+        self.faults.append(f)
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            try:
+                got = await asyncio.wait_for(self.pool.__ray_call__.remote(lambda p: (os.getpid(), len(p),
+                                                                                      p.recovered)), 5)
+                if got[0] != pid:
+                    f.t_recovered = time.time()
+                    f.detail.update(entries_recovered=got[2])
+                    return f
+            except Exception:  # noqa: BLE001 - the pool is restarting; ask again
+                await asyncio.sleep(0.05)
+
+    async def kill_trainer(self) -> FaultRecord:
+        f = FaultRecord("trainer", "trainer", time.time(), detail={"pid": self.trainer_pid})
+        self.faults.append(f)
+        os.kill(self.trainer_pid, signal.SIGKILL)
+        return f
