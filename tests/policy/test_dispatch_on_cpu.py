@@ -229,3 +229,17 @@ def test_policy_accounting_metrics_and_buffer_import_no_runtime_packages():
     out = run_py(code, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_add_replica_joins_empty_and_takes_moved_groups():
+    from verl_laminar.policy.dispatch import add_replica, mark_dead, move_group
+
+    cfg = DispatchConfig(1)
+    s = apply_plan(initial_state([0, 1], 3), plan_dispatch(initial_state([0, 1], 3), ["g"], 3, cfg), cfg)
+    dead = s.pins["g"].replica_id
+    s = add_replica(mark_dead(s, dead), 7, 3)
+    assert s.replica(7).version == 3 and not s.replica(7).open_groups
+    s = move_group(s, "g", 7)
+    assert route(s, "g").replica_id == 7
+    with pytest.raises(DispatchError, match="already known"):
+        add_replica(s, 7, 3)

@@ -118,3 +118,17 @@ def test_pool_process_killed_mid_stream_loses_no_acknowledged_chunk(tmp_path):
     n = len(t.tokens)
     assert n > 100  # it was really streaming
     assert t.tokens == list(range(n)) and t.logprobs == [-float(i) for i in range(n)] and t.version == 7
+
+
+def test_append_with_offset_is_idempotent_and_refuses_gaps():
+    from verl_laminar.pool.partial import PartialPool
+
+    pool = PartialPool()
+    pool.open("k", "g", 1, [1, 2], {"max_tokens": 8})
+    assert pool.append("k", 1, [5, 6], [-0.5, -0.6], offset=0)
+    assert not pool.append("k", 1, [5, 6], [-0.5, -0.6], offset=0)  # a retried chunk after a pool restart
+    assert pool.append("k", 1, [7], [-0.7], offset=2)
+    assert pool.get("k").tokens == [5, 6, 7]
+    with pytest.raises(InvariantViolation, match="lost"):
+        pool.append("k", 1, [9], [-0.9], offset=5)
+    assert pool.get_many(["k", "nope"])["nope"] is None

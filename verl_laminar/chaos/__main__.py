@@ -33,10 +33,18 @@ logger = logging.getLogger("verl_laminar.chaos")
 
 async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
     if kind == "rollout":
-        live = [r for r in rt.state.replicas if r.alive and r.refreshing_to is None and r.replica_id in rt.replicas]
-        busiest = max(len(r.open_groups) for r in live)
-        rid = rng.choice(sorted(r.replica_id for r in live if len(r.open_groups) == busiest))
-        return await rt.kill_replica(rid)
+        # mid-generation: a replica with open groups whose tokens are already in the pool, if there is one
+        deadline = time.time() + 30
+        while True:
+            live = [r.replica_id for r in rt.state.replicas
+                    if r.alive and r.refreshing_to is None and r.replica_id in rt.replicas and r.open_groups]
+            busy = live
+            if rt.pool is not None:
+                entries = await asyncio.gather(*(rt.pool.on_replica.remote(rid) for rid in live))
+                busy = [rid for rid, es in zip(live, entries) if any(e.tokens for e in es)]
+            if busy or (live and time.time() > deadline):
+                return await rt.kill_replica(rng.choice(sorted(busy or live)))
+            await asyncio.sleep(0.1)
     if kind in ("relay", "master_relay"):
         plan = await rt.relay_group.plan.remote()
         if kind == "master_relay":
@@ -74,7 +82,9 @@ async def inject(rt: Any, args: argparse.Namespace, state: dict) -> None:
             if rt.error is not None:
                 raise rt.error
             await asyncio.sleep(0.1)
-        logger.info("recovered %s in %.2f s", f.target, f.recovery_s)
+        st = await rt.ledger.stats.remote()
+        logger.info("recovered %s in %.2f s (%d groups trained, %d requeued, %d regenerated trajectories)",
+                    f.target, f.recovery_s, st["trained_groups"], st["requeued"], rt.regenerated)
     state["last"] = time.time()
 
 
@@ -173,8 +183,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--median", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--heartbeat-s", type=float, default=0.5)
-    ap.add_argument("--dead-after-s", type=float, default=3.0)
+    ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--dead-after-s", type=float, default=10.0,
+                    help="silence that marks a replica dead; a killed replica is noticed at once (actor error), "
+                         "this catches a hung one, and must exceed the longest stall of a busy engine loop")
     ap.add_argument("--max-age-s", type=float, default=120.0)
     ap.add_argument("--flush-tokens", type=int, default=16)
     ap.add_argument("--flush-interval-s", type=float, default=0.5)

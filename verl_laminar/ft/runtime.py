@@ -66,7 +66,7 @@ class RuntimeSettings:
     temperature: float = 1.0
     kv_mb: int = 4
     dtype: str = "float32"
-    heartbeat: HeartbeatPolicy = HeartbeatPolicy(interval_s=0.5, dead_after_s=3.0)
+    heartbeat: HeartbeatPolicy = HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0)
     max_age_s: float = 120.0  # past this a group waiting for a replacement replica is regenerated instead
     pool: bool = True
     flush_tokens: int = 16
@@ -399,7 +399,8 @@ class FtRuntime:
         if fault is not None:
             fault.t_detect = time.time()
         ray.kill(self.replicas[rid])  # fence: a wedged replica must not keep writing to the pool
-        reap(self.pids.get(rid, [])[1:])
+        # its vLLM engine processes, by PID, off the loop (reap waits for them to exit)
+        self._spawn(asyncio.to_thread(reap, self.pids.get(rid, [])[1:]))
         self.state = mark_dead(self.state, rid)
         orphans = [OrphanGroup(g, a.version, len(self.work.lengths[g]), self.started_s.get(g, now))
                    for g, a in self.state.pins.items() if a.replica_id == rid]
@@ -412,6 +413,7 @@ class FtRuntime:
         plan = plan_failover(orphans, views, now, kept, self.s.max_age_s)
         for gid, target in plan.moves:
             self.state = move_group(self.state, gid, target)
+            self._spawn(self._reassign(gid, target))
         for gid in plan.regenerate:
             self.state, _ = finish_group(self.state, gid)  # unpinned: _placed raises Regenerate
         new_id = self.next_rid
@@ -429,6 +431,12 @@ class FtRuntime:
         self._spawn(self._replace(rid, new_id, version, waiting, fault))
         self.pump()
 
+    async def _reassign(self, gid: str, target: int) -> None:
+        """Record in the pool where the group's responses continue (what ``on_replica`` answers)."""
+        if self.pool is not None:
+            await asyncio.gather(*(self.pool.reassign.remote(self._pool_key(gid, j), target)
+                                   for j in range(len(self.work.lengths[gid]))))
+
     async def _relay_versions(self) -> list[int]:
         import ray
 
@@ -441,15 +449,31 @@ class FtRuntime:
 
     async def _replace(self, dead: int, rid: int, version: Optional[int], waiting: tuple, fault: Any) -> None:
         """Start a replica in the dead one's place; it first serves ``version`` when groups wait for it."""
+        from ray.exceptions import RayTaskError
+
         h = await self._start_replica(rid)
+        loaded = 0  # every replica starts on the model's weights, version 0
         if version:
-            await h.load_from_relay.remote(version, f"{self.s.namespace}_relays", self._relay_for(rid),
-                                           self.s.namespace)
+            try:
+                await h.load_from_relay.remote(version, f"{self.s.namespace}_relays", self._relay_for(rid),
+                                               self.s.namespace)
+                loaded = version
+            except RayTaskError as e:
+                # the relays moved past it (they keep the newest and the previous version) while the
+                # replacement started: the waiting groups are regenerated with the newest weights
+                logger.warning("replacement %d could not load version %d (%s); regenerating %d groups", rid,
+                               version, e.cause if hasattr(e, "cause") else e, len(waiting))
         self.replicas[rid] = h
-        self.state = add_replica(self.state, rid, version if version is not None else 0)
+        self.state = add_replica(self.state, rid, loaded)
         for gid in waiting:
             if gid in self.state.pins:
-                self.state = move_group(self.state, gid, rid)
+                if loaded == version:
+                    self.state = move_group(self.state, gid, rid)
+                    await self._reassign(gid, rid)
+                else:
+                    self.state, _ = finish_group(self.state, gid)  # unpinned: _placed raises Regenerate
+        if fault is not None and loaded != version:
+            fault.detail["regenerated_groups"] = fault.detail.get("regenerated_groups", 0) + len(waiting)
         if fault is not None:
             fault.detail["replacement_s"] = time.time() - fault.t_kill
             if fault.t_recovered is None:
@@ -461,24 +485,26 @@ class FtRuntime:
         from ray.exceptions import RayActorError
 
         hb = self.s.heartbeat
+        pending: dict[int, asyncio.Task] = {}
+
+        async def beat(rid: int) -> None:
+            # one ping in flight per replica; a late answer still counts as a beat when it arrives
+            try:
+                await self.replicas[rid].ping.remote()
+                self.beats[rid] = time.monotonic()
+            except RayActorError:
+                self.beats[rid] = float("-inf")  # an actor error is a death notice, not a late beat
+
         while not self._stop.is_set():
             live = [r.replica_id for r in self.state.replicas if r.alive and r.replica_id in self.replicas]
-
-            async def beat(rid: int) -> None:
-                try:
-                    await asyncio.wait_for(self.replicas[rid].ping.remote(), hb.interval_s)
-                    self.beats[rid] = time.monotonic()
-                except RayActorError:
-                    self.beats[rid] = float("-inf")  # an actor error is a death notice, not a late beat
-                except asyncio.TimeoutError:
-                    pass
-
-            await asyncio.gather(*(beat(r) for r in live))
+            for rid in live:
+                if rid not in pending or pending[rid].done():
+                    pending[rid] = asyncio.get_running_loop().create_task(beat(rid))
+            await asyncio.sleep(hb.interval_s)
             now = time.monotonic()
             for rid in live:
                 if hb.health(self.beats[rid], now) is Health.DEAD:
                     await self.replica_failed(rid, f"no heartbeat for {now - self.beats[rid]:.1f} s")
-            await asyncio.sleep(hb.interval_s)
 
     async def version_loop(self) -> None:
         """What each replica's relay holds (its upstream's when it died): the newest a refresh may load."""
