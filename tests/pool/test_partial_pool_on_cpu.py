@@ -132,3 +132,18 @@ def test_append_with_offset_is_idempotent_and_refuses_gaps():
     with pytest.raises(InvariantViolation, match="lost"):
         pool.append("k", 1, [9], [-0.9], offset=5)
     assert pool.get_many(["k", "nope"])["nope"] is None
+
+
+def test_truncate_drops_a_bad_tail_and_survives_replay(tmp_path):
+    from verl_laminar.pool.partial import PartialPool
+
+    path = str(tmp_path / "pool.log")
+    pool = PartialPool(path)
+    pool.open("k", "g", 1, [1], {"max_tokens": 8})
+    pool.append("k", 1, [5, 6, 1 << 30], [-0.5, -0.6, 0.0], offset=0)
+    pool.truncate("k", 2)
+    with pytest.raises(ValueError, match="holds 2"):
+        pool.truncate("k", 3)
+    pool.shutdown()
+    again = PartialPool(path)
+    assert again.get("k").tokens == [5, 6] and again.get("k").logprobs == [-0.5, -0.6]

@@ -208,3 +208,30 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
         assert router.get_total_inflight() == 0 and all(not s for s in router._requests.values())
 
     asyncio.run(main())
+
+
+def test_garbage_token_ids_fail_the_request_by_name(tmp_path):
+    from verl_laminar.rollout.badinput import GarbageOutputError
+
+    (tmp_path / "config.json").write_text('{"vocab_size": 8}')
+
+    class GarbageServer(FakeServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            return SimpleNamespace(token_ids=[3, 9], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 0})
+
+    async def main():
+        server = GarbageServer(0, 0)
+
+        async def refresher(replica, version):
+            pass
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 1, refresher=refresher)
+        await router.start(0)
+        cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False},
+                                                      "model": {"path": str(tmp_path)}}})
+        client = LaminarLLMServerClient(cfg, load_balancer_handle=ActorShell(router))
+        GROUP_PIN.set(await router.assign_group("g", 1))
+        with pytest.raises(GarbageOutputError, match=r"req-7.*token_ids\[1\]=9"):
+            await client.generate("req-7", prompt_ids=[1], sampling_params={})
+
+    asyncio.run(main())

@@ -112,8 +112,9 @@ class RunResult:
 
 class Coordinator:
     def __init__(self, replicas: dict[int, Any], blobs: list, work: Workload, args: argparse.Namespace,
-                 repack: bool, max_batch_b: int) -> None:
+                 repack: bool, max_batch_b: int, pool: Any = None) -> None:
         self.replicas, self.blobs, self.work, self.args, self.repack = replicas, blobs, work, args, repack
+        self.pool = pool  # partial-response pool actor: every response streams its tokens there in chunks
         self.cfg = DispatchConfig(args.groups_per_batch)
         self.state = initial_state(replicas, 0)
         self.queue = list(work.groups)
@@ -174,15 +175,23 @@ class Coordinator:
         sampling = {"temperature": self.args.temperature, "ignore_eos": True, "logprobs": True}
         t = Trajectory(key, tuple(self.work.prompts[gid]), self.work.lengths[gid][j], sampling)
         self.trajs[key] = t
+        pool_key = None
+        if self.pool is not None:
+            pool_key = f"{key}@{id(self)}"  # unique per run: the pool's keys are never reused
+            await self.pool.open.remote(pool_key, gid, route(self.state, gid).version, list(t.prompt_ids),
+                                        dict(sampling, max_tokens=t.max_tokens))
         while not t.done:
             a = route(self.state, gid)
             prompt, params = t.next_request()
-            out = await self.replicas[a.replica_id].generate.remote(f"{key}.{len(t.pieces)}", prompt, params)
+            out = await self.replicas[a.replica_id].generate.remote(f"{key}.{len(t.pieces)}", prompt, params,
+                                                                    pool_key=pool_key, pool_offset=t.generated)
             lps = out["log_probs"]
             t.add(Piece(tuple(out["token_ids"]), None if lps is None else tuple(lps), out["version"],
                         out["replica_id"], bool(out["finished"])))
             if not t.done and route(self.state, gid).replica_id == a.replica_id:
                 raise RuntimeError(f"{key}: aborted on replica {a.replica_id} without being moved")
+        if pool_key is not None:
+            await self.pool.close.remote(pool_key)  # it reached the (here implicit) experience buffer
         self.latency.append(time.monotonic() - t0)
 
     async def monitor(self) -> None:
@@ -286,16 +295,27 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     blobs = [ray.put(b) for b in version_blobs(mdir, versions, seed=args.seed)]
     ncpu = os.cpu_count() or 1
     actor = ray.remote(EngineReplicaActor)
+    pool = None
+    if args.pool_overhead:
+        import tempfile
+
+        from verl_laminar.pool.actor import spawn_pool
+        from verl_laminar.pool.partial import ChunkPolicy
+
+        pool = spawn_pool(os.path.join(tempfile.mkdtemp(prefix="laminar-pool-"), "pool.log"), name="bench_pool")
     replicas = {}
     for i in range(args.replicas):
         # pin each engine's compute threads to one core (vLLM's "auto" binds every engine to core 0)
         env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
         replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
             i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
-            dtype=args.dtype, seed=args.seed)
+            dtype=args.dtype, seed=args.seed, pool_name="bench_pool" if pool is not None else None,
+            chunk=ChunkPolicy(args.flush_tokens, args.flush_interval_s) if pool is not None else None)
     try:
         started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))
         logger.info("replicas up: %s", started)
+        if pool is not None:
+            return await _measure_pool(replicas, blobs, work, args, pool)
         return await _measure(replicas, blobs, work, args)
     finally:
         # the process trees while the actors live (vLLM's engine processes would be orphaned by a crash)
@@ -377,6 +397,33 @@ async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.N
     }
 
 
+async def _measure_pool(replicas: dict, blobs: list, work: Workload, args: argparse.Namespace,
+                        pool: Any) -> dict[str, Any]:
+    """Generation throughput without and with the partial-response pool (repack off), alternating."""
+    runs = []
+    for rep in range(args.repeats):
+        for with_pool in (False, True):
+            await asyncio.gather(*(r.load_weights.remote(0, blobs[0]) for r in replicas.values()))
+            res = await Coordinator(replicas, blobs, work, args, repack=False, max_batch_b=1,
+                                    pool=pool if with_pool else None).run()
+            s = summarize(res, work)
+            s["pool"] = with_pool
+            logger.info("run %d pool=%s: %.1f tok/s, makespan %.1f s", rep, with_pool, s["gen_tokens_per_s"],
+                        s["makespan_s"])
+            runs.append(s)
+    on = [r["gen_tokens_per_s"] for r in runs if r["pool"]]
+    off = [r["gen_tokens_per_s"] for r in runs if not r["pool"]]
+    left = await pool.__ray_call__.remote(lambda p: len(p))
+    return {"gen_tokens_per_s_pool_off": sum(off) / len(off), "gen_tokens_per_s_pool_on": sum(on) / len(on),
+            "pool_overhead": 1 - (sum(on) / len(on)) / (sum(off) / len(off)),
+            "lost_trajectories": sum(r["lost_trajectories"] for r in runs), "pool_entries_left": left,
+            "flush_tokens": args.flush_tokens, "flush_interval_s": args.flush_interval_s,
+            "workload": {k: getattr(args, k) for k in ("replicas", "groups", "n", "groups_per_batch", "publish_every",
+                                                       "max_tokens", "median", "temperature", "dtype", "seed",
+                                                       "repeats")},
+            "planned_tokens": work.total_tokens, "runs": runs}
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=4)
@@ -398,6 +445,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=0.25,
                     help="slack for the flat-region B reported beside the crossover B")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--pool-overhead", action="store_true",
+                    help="instead of repack: measure generation with and without the partial-response pool")
+    ap.add_argument("--flush-tokens", type=int, default=16, help="pool chunk: tokens (with --pool-overhead)")
+    ap.add_argument("--flush-interval-s", type=float, default=0.5, help="pool chunk: seconds (with --pool-overhead)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default=None, help="also write the JSON here")
@@ -426,6 +477,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f.write(text + "\n")
     if args.json:
         print(text)
+    elif args.pool_overhead:
+        logger.info("pool overhead %.1f%%", 100 * result["pool_overhead"])
     else:
         logger.info("gain %.3f (on %.1f / off %.1f tok/s)", result["gain"], result["gen_tokens_per_s_on"],
                     result["gen_tokens_per_s_off"])

@@ -6,7 +6,8 @@ What runs (``ft.runtime``): ``--replicas`` vLLM-CPU rollout replicas (Ray actors
 the master relay on the trainer's side, the partial-response pool (Ray actor, append-only log on disk), the
 training ledger (experience buffer) and a checkpointing GRPO trainer process that publishes every step
 through the relays. Faults are SIGKILLs by PID, in a seeded order with seeded gaps, each after the previous
-one recovered: a rollout replica mid-generation, a relay, the master relay, the pool actor, the trainer.
+one recovered: a rollout replica mid-generation, a relay, the master relay, the pool actor, the trainer; and
+a replica made to answer out-of-vocabulary token ids (it is fenced and replaced like a dead one).
 Then feeding stops and every dispatched group must be trained exactly once.
 
 Prints (JSON): faults_injected, trajectories_started, trajectories_trained, lost, duplicated, mixed_version,
@@ -32,7 +33,7 @@ logger = logging.getLogger("verl_laminar.chaos")
 
 
 async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
-    if kind == "rollout":
+    if kind in ("rollout", "garbage"):
         # mid-generation: a replica with open groups whose tokens are already in the pool, if there is one
         deadline = time.time() + 30
         while True:
@@ -43,7 +44,8 @@ async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
                 entries = await asyncio.gather(*(rt.pool.on_replica.remote(rid) for rid in live))
                 busy = [rid for rid, es in zip(live, entries) if any(e.tokens for e in es)]
             if busy or (live and time.time() > deadline):
-                return await rt.kill_replica(rng.choice(sorted(busy or live)))
+                rid = rng.choice(sorted(busy or live))
+                return await (rt.kill_replica(rid) if kind == "rollout" else rt.corrupt_replica(rid))
             await asyncio.sleep(0.1)
     if kind in ("relay", "master_relay"):
         plan = await rt.relay_group.plan.remote()
@@ -76,7 +78,7 @@ async def inject(rt: Any, args: argparse.Namespace, state: dict) -> None:
         f = await _kill(rt, pf.kind, rng)
         logger.info("fault %d/%d: killed %s (%s)", len(rt.faults), len(plan), f.target, f.kind)
         deadline = time.time() + args.recovery_timeout_s
-        while _restored(f) is None or (f.kind == "rollout" and "replacement_s" not in f.detail):
+        while _restored(f) is None or (f.kind in ("rollout", "garbage") and "replacement_s" not in f.detail):
             if time.time() > deadline:
                 raise TimeoutError(f"{f.kind} fault on {f.target} not recovered in {args.recovery_timeout_s} s")
             if rt.error is not None:
@@ -142,6 +144,7 @@ async def chaos(args: argparse.Namespace) -> dict:
         "mixed_version": rt.mixed_version,
         "regenerated": rt.regenerated,
         "resumed_from_pool": rt.resumed_from_pool,
+        "garbage_outputs_rejected": rt.garbage_outputs,
         "trainer_restarts": rt.trainer_restarts,
         "recovery_s": {k: [round(f.recovery_s, 3) for f in rt.faults if f.kind == k] for k in kinds},
         "rollout_replacement_s": [round(f.detail["replacement_s"], 1) for f in rt.faults
@@ -166,8 +169,9 @@ async def chaos(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3",
-                    help="how many of each fault kind: rollout, relay, master_relay, pool, trainer")
+    ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3,garbage=1",
+                    help="how many of each fault kind: rollout (SIGKILL a replica), relay, master_relay, pool, "
+                         "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
     ap.add_argument("--gap-min-s", type=float, default=30.0, help="seconds from one recovery to the next kill")
     ap.add_argument("--gap-max-s", type=float, default=40.0)
     ap.add_argument("--warmup-groups", type=int, default=8, help="groups trained before the first fault")

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-KINDS = ("rollout", "relay", "master_relay", "pool", "trainer")
+KINDS = ("rollout", "relay", "master_relay", "pool", "trainer", "garbage")  # garbage: a replica answers bad token ids
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from verl_laminar.policy.failover import (
     plan_failover,
 )
 from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,13 @@ class Regenerate(Exception):
 def reward_of(token_ids: list[int]) -> float:
     """A rule-based reward the trainer can learn: the share of even token ids in the response."""
     return sum(1 for t in token_ids if t % 2 == 0) / max(1, len(token_ids))
+
+
+def _vocab_size(model_dir: str) -> int:
+    import json
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return int(json.load(f)["vocab_size"])
 
 
 @dataclass
@@ -137,6 +145,8 @@ class FtRuntime:
         self.trainer_restarts = 0
         self.newest: dict[int, int] = {}
         self._trained_n = 0
+        self.garbage_outputs = 0
+        self.vocab_size = _vocab_size(s.model_dir)
         self._failing: set[int] = set()
         self._stop = asyncio.Event()
 
@@ -354,6 +364,18 @@ class FtRuntime:
                 await self.replica_failed(a.replica_id, "a request failed: actor died")
                 t = await self._resume(gid, j, version, sampling, t)
                 continue
+            try:
+                check_output_tokens(out["token_ids"], out["log_probs"], self.vocab_size, key)
+            except GarbageOutputError as e:
+                # a replica that answers garbage is broken: fence it like a dead one; the pool keeps only
+                # the tokens checked before this piece, and the trajectory continues elsewhere
+                logger.error("%s", e)
+                self.garbage_outputs += 1
+                if self.pool is not None:
+                    await self.pool.truncate.remote(self._pool_key(gid, j), t.generated)
+                await self.replica_failed(a.replica_id, f"garbage output: {e}")
+                t = await self._resume(gid, j, version, sampling, t)
+                continue
             t.add(Piece(tuple(out["token_ids"]), tuple(out["log_probs"]), out["version"], out["replica_id"],
                         bool(out["finished"])))
         return t
@@ -567,6 +589,13 @@ class FtRuntime:
         f = FaultRecord("rollout", f"replica{rid}", time.time(), detail={"pid": self.pids[rid][0]})
         self.faults.append(f)
         os.kill(self.pids[rid][0], signal.SIGKILL)
+        return f
+
+    async def corrupt_replica(self, rid: int) -> FaultRecord:
+        """The replica's next output carries out-of-vocabulary token ids (a broken engine, not a dead one)."""
+        f = FaultRecord("garbage", f"replica{rid}", time.time(), detail={"pid": self.pids[rid][0]})
+        self.faults.append(f)
+        await self.replicas[rid].inject_garbage.remote(1)
         return f
 
     async def relay_pid(self, relay_id: str) -> int:

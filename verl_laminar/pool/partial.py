@@ -100,6 +100,10 @@ class PartialPool:
                      "logprobs": list(map(float, logprobs)), "state": state})
         return True
 
+    def truncate(self, key: str, keep: int) -> None:
+        """Drop the tokens after the first ``keep`` (a replica streamed garbage; the rest is regenerated)."""
+        self._apply({"op": "truncate", "key": key, "keep": int(keep)})
+
     def reassign(self, key: str, replica_id: int) -> None:
         """The trajectory continues on another replica (same version; the policy checked that)."""
         self._apply({"op": "reassign", "key": key, "replica_id": int(replica_id)})
@@ -150,6 +154,10 @@ class PartialPool:
                 t.logprobs.extend(rec["logprobs"])
                 if rec.get("state") is not None:
                     t.state = rec["state"]
+            elif op == "truncate":
+                if not 0 <= rec["keep"] <= len(t.tokens):
+                    raise ValueError(f"truncate {key!r} to {rec['keep']} tokens: it holds {len(t.tokens)}")
+                del t.tokens[rec["keep"]:], t.logprobs[rec["keep"]:]
             elif op == "reassign":
                 t.replica_id = rec["replica_id"]
             elif op == "close":

@@ -28,6 +28,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.rollout.badinput import check_output_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,29 @@ class LaminarLLMServerClient(LLMServerClient):
             kwargs["request_id"] = vid  # the router tracks in-flight requests by their vLLM id
         super()._release_server(server_id, **kwargs)
 
+    def _vocab_size(self) -> Optional[int]:
+        """The model's config.vocab_size (read once), for the garbage-output check; None if unreadable."""
+        if not hasattr(self, "_vocab"):
+            import json
+            import os
+
+            self._vocab = None
+            model = getattr(getattr(self.config, "actor_rollout_ref", None), "model", None)
+            path = os.path.join(str(getattr(model, "path", "")), "config.json")
+            try:
+                with open(path) as f:
+                    self._vocab = int(json.load(f)["vocab_size"])
+            except (OSError, KeyError, ValueError) as e:
+                logger.warning("no vocab_size from %s (%r): replica outputs are not range-checked", path, e)
+        return self._vocab
+
+    def _check_output(self, output: Any, request_id: str) -> None:
+        """A replica answering ids outside the vocabulary (or unpaired log-probs) fails the request by name,
+        before the batch can crash the trainer's embedding lookup or misweight tokens."""
+        vocab = self._vocab_size()
+        if vocab is not None:
+            check_output_tokens(output.token_ids, getattr(output, "log_probs", None), vocab, str(request_id))
+
     def _token_budget(self, prompt_ids: list, sampling_params: dict) -> int:
         """max_tokens as verl's server would resolve it, so a resumed piece gets exactly the rest."""
         for k in ("max_tokens", "max_new_tokens"):
@@ -97,6 +121,7 @@ class LaminarLLMServerClient(LLMServerClient):
                                           **kwargs)
         output, vid = await self._one_piece(request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
+        self._check_output(output, request_id)
         if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
             return output  # the common case: one piece, verl's output untouched
         # migrated by repack: resume on the group's new replica until the trajectory is complete
@@ -114,6 +139,7 @@ class LaminarLLMServerClient(LLMServerClient):
             logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
             output, vid = await self._one_piece(request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
+            self._check_output(output, request_id)
             migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
         output.token_ids = traj.token_ids()
         output.log_probs = traj.log_probs()

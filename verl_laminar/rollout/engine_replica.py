@@ -121,6 +121,7 @@ class EngineReplica:
         self._live: dict[str, _Live] = {}
         self.kv_capacity_tokens = 0
         self.generated_tokens = 0
+        self._garbage = 0  # fault injection: this many next pieces come back with out-of-vocabulary ids
 
     async def start(self) -> dict:
         # vLLM CPU: VLLM_CPU_KVCACHE_SPACE overrides kv_cache_memory_bytes; the weight load sends a function
@@ -191,6 +192,14 @@ class EngineReplica:
         if streamer is not None:
             await streamer.flush(live)  # acknowledged: everything this piece made is in the pool
         self.generated_tokens += len(live.tokens)
+        if self._garbage > 0 and live.tokens:
+            self._garbage -= 1
+            bad = 1 << 30  # beyond any vocabulary: what a corrupted engine output looks like
+            live.tokens = [bad + t for t in live.tokens]
+            if streamer is not None:
+                # a corrupted engine streams its garbage to the pool too; the caller must notice and repair
+                await self._pool_handle().append.remote(pool_key, version, [bad], [0.0], None,
+                                                        pool_offset + streamer.sent)
         return {"token_ids": list(live.tokens), "log_probs": live.log_probs, "finished": live.finished,
                 "version": version, "replica_id": self.replica_id}
 
@@ -245,6 +254,10 @@ class EngineReplica:
             raise RuntimeError(f"replica {self.replica_id}: asked relay {relay_id} for version {version}, got "
                                f"{engine.served_version}")
         return await self.load_weights(version, blob)
+
+    def inject_garbage(self, pieces: int = 1) -> None:
+        """Chaos hook: the next ``pieces`` outputs carry token ids outside the vocabulary."""
+        self._garbage += int(pieces)
 
     def ping(self) -> float:
         """Heartbeat: answers from the actor's loop, so a wedged loop reads as silence."""
