@@ -84,6 +84,15 @@ class RuntimeSettings:
                              f"{self.groups_per_step}, or the trainer could never lease a full step")
 
 
+def settings_from_laminar(laminar: Any, **kw: Any) -> RuntimeSettings:
+    """RuntimeSettings whose pool and heartbeat come from the typed ``laminar`` config (config.schema)."""
+    return RuntimeSettings(pool=laminar.pool.enabled, flush_tokens=laminar.pool.flush_tokens,
+                           flush_interval_s=laminar.pool.flush_interval_s,
+                           heartbeat=HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s),
+                           groups_per_batch=laminar.dispatch.groups_per_batch or RuntimeSettings.groups_per_batch,
+                           **kw)
+
+
 class Regenerate(Exception):
     """The group's version is gone: its responses restart from the prompt with the newest weights."""
 
