@@ -123,11 +123,22 @@ def test_replica_answering_garbage_is_fenced_and_its_groups_go_on(harness):
 
 def test_pool_actor_killed_comes_back_with_its_entries_and_rollouts_go_on(harness):
     rt = harness.rt
-    harness.wait(lambda: harness.remote(rt.pool.__ray_call__.remote(lambda p: len(p))) > 0, 120,
-                 "entries in the pool")
+    def open_entries():
+        return [e for e in harness.remote(rt.pool.__ray_call__.remote(lambda p: list(p))) if e.tokens]
+
+    harness.wait(lambda: bool(open_entries()), 120, "in-progress trajectories with tokens in the pool")
+    seen = {e.key: list(e.tokens) for e in open_entries()}
     f = harness.call(rt.kill_pool())
     assert f.recovery_s is not None and f.recovery_s < 60
-    assert f.detail["entries_recovered"] >= 0
+    # every entry seen before the kill is back with at least those tokens, or it was closed meanwhile
+    # because its group reached the experience buffer
+    after = harness.remote(rt.pool.get_many.remote(list(seen)))
+    for key, tokens in seen.items():
+        gid = key.rsplit("_", 1)[0]
+        if after[key] is None:
+            assert gid in rt.done_groups, f"{key} vanished from the restarted pool without being delivered"
+        else:
+            assert after[key].tokens[:len(tokens)] == tokens
     before = harness.trained()
     harness.wait(lambda: harness.trained() >= before + 2, 300, "training to go on after the pool restart")
     assert rt.mixed_version == 0

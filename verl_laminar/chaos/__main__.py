@@ -53,6 +53,10 @@ async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
             return await rt.kill_relay(plan.master, kind)
         return await rt.kill_relay(rng.choice(sorted(r for r in plan.relays if r != plan.master)), kind)
     if kind == "pool":
+        # while trajectories are in flight, so the restarted pool has entries to replay (up to 30 s)
+        deadline = time.time() + 30
+        while time.time() < deadline and await rt.pool.__ray_call__.remote(lambda p: len(p)) == 0:
+            await asyncio.sleep(0.1)
         return await rt.kill_pool()
     if kind == "trainer":
         return await rt.kill_trainer()

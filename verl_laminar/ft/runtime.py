@@ -548,7 +548,9 @@ class FtRuntime:
                 newest = {}
                 for rid in self.replicas:
                     relay = self._relay_for(rid)
-                    relay = relay if relay in live else plan.master
+                    if relay not in live:
+                        # the replica's load falls back to this relay's upstream: ask what that one holds
+                        relay = (await self.relay_group.fallback_for.remote(relay))[0]
                     h = ray.get_actor(await self.relay_group.actor_name.remote(relay), namespace=self.s.namespace)
                     v = await asyncio.wait_for(h.newest.remote(), 2.0)
                     if v is not None:
