@@ -2,7 +2,7 @@
 
 import pytest
 
-from verl_laminar.chaos.plan import parse_counts, schedule, throughput_report
+from verl_laminar.chaos.plan import parse_counts, schedule, step_segments, throughput_report
 
 
 def test_parse_counts_and_errors():
@@ -34,13 +34,28 @@ def test_schedule_refuses_what_the_runtime_cannot_survive(counts, relays, match)
 
 
 def test_throughput_before_during_after():
-    # 10 tokens/s before the fault at t=10, nothing while it recovers (10..14), 8 tokens/s after
-    steps = [(t, 10) for t in range(0, 10)] + [(t, 8) for t in range(14, 34)]
-    rep = throughput_report(steps, [("trainer", 10.0, 14.0)], t_end=34.0, min_window_s=5)
-    assert rep["before"] == pytest.approx(10.0)
+    # a 10-token step every second until t=10, the trainer killed at t=10.5 and back at t=14, then an
+    # 8-token step every second from t=15 (the first one made in 14..15)
+    steps = [(t, 10) for t in range(0, 11)] + [(t, 8) for t in range(15, 35)]
+    rep = throughput_report(steps, [("trainer", 10.5, 14.0)], t_end=34.0, min_window_s=5, restarts=[14.0])
+    assert rep["before"] == pytest.approx(100 / 10.5)  # 10 tok/s until the last commit, nothing after it
     assert rep["during"] == 0.0
     assert rep["after"][0]["tokens_per_s"] == pytest.approx(8.0)
-    assert rep["after"][0]["ratio_to_before"] == pytest.approx(0.8)
+    assert rep["after"][0]["ratio_to_before"] == pytest.approx(8.0 / (100 / 10.5))
+
+
+def test_a_window_cutting_a_step_counts_the_part_inside_it():
+    """Steps of 10 s: whole-step counting would see 1 or 2 steps in a 15 s window; the rate is what it is."""
+    steps = [(t, 100) for t in range(0, 101, 10)]
+    for t0 in (12.0, 15.0, 19.0):
+        rep = throughput_report(steps, [("relay", t0 - 1, t0), ("pool", t0 + 15, t0 + 16)], 100.0, min_window_s=5)
+        assert rep["after"][0]["tokens_per_s"] == pytest.approx(10.0)
+
+
+def test_a_trainer_restart_starts_the_next_step_afresh():
+    # commits at 0, 10; killed at 15 (its step lost); restarted at 20; commits at 30, 40
+    segs = step_segments([(0, 1), (10, 100), (30, 100), (40, 100)], restarts=[20.0])
+    assert segs == [(0, 10, 100), (20.0, 30, 100), (30, 40, 100)]
 
 
 def test_short_after_window_is_not_judged():
@@ -49,3 +64,11 @@ def test_short_after_window_is_not_judged():
     assert [a["tokens_per_s"] for a in rep["after"]] == [None, None]
     with pytest.raises(ValueError, match="no training step"):
         throughput_report([], [], 1.0)
+
+
+def test_the_pre_fault_level_starts_after_warm_up():
+    # slow start-up steps (50 tokens in 10 s) then 100 tokens every 10 s; a fault at t=100
+    steps = [(0, 1), (10, 50), (20, 50)] + [(t, 100) for t in range(30, 101, 10)]
+    rep = throughput_report(steps, [("relay", 100.0, 101.0)], 130.0, min_window_s=5, before_from=20.0)
+    assert rep["before"] == pytest.approx(10.0)
+    assert throughput_report(steps, [("relay", 100.0, 101.0)], 130.0, min_window_s=5)["before"] < 10.0

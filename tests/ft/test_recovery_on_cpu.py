@@ -19,6 +19,8 @@ import uuid
 import pytest
 
 ray = pytest.importorskip("ray")
+
+from verl_laminar.ft import faults  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
@@ -91,7 +93,7 @@ def test_rollout_replica_killed_mid_generation_continues_on_the_same_version(har
     victim = next(r for r in rt.state.replicas if r.open_groups and r.alive and pool_has_tokens(r.replica_id))
     groups = {g: rt.state.pins[g].version for g in victim.open_groups}
     resumed_before = rt.resumed_from_pool
-    f = harness.call(rt.kill_replica(victim.replica_id))
+    f = harness.call(faults.kill_replica(rt, victim.replica_id))
     harness.wait(lambda: f.t_recovered is not None, 300, "failover of the killed replica")
     assert f.detail["orphans"] == len(groups)
     harness.wait(lambda: "replacement_s" in f.detail, 400, "the replacement replica")
@@ -112,7 +114,7 @@ def test_replica_answering_garbage_is_fenced_and_its_groups_go_on(harness):
     victim = next(r for r in rt.state.replicas if r.open_groups and r.alive and r.replica_id in rt.replicas)
     groups = set(victim.open_groups)
     before = rt.garbage_outputs
-    f = harness.call(rt.corrupt_replica(victim.replica_id))
+    f = harness.call(faults.corrupt_replica(rt, victim.replica_id))
     harness.wait(lambda: rt.garbage_outputs > before, 120, "the garbage output to be caught")
     assert not rt.state.replica(victim.replica_id).alive, "a replica that answers garbage must be fenced"
     harness.wait(lambda: "replacement_s" in f.detail, 400, "the replacement replica")
@@ -128,7 +130,7 @@ def test_pool_actor_killed_comes_back_with_its_entries_and_rollouts_go_on(harnes
 
     harness.wait(lambda: bool(open_entries()), 120, "in-progress trajectories with tokens in the pool")
     seen = {e.key: list(e.tokens) for e in open_entries()}
-    f = harness.call(rt.kill_pool())
+    f = harness.call(faults.kill_pool(rt))
     assert f.recovery_s is not None and f.recovery_s < 60
     # every entry seen before the kill is back with at least those tokens, or it was closed meanwhile
     # because its group reached the experience buffer
@@ -150,7 +152,7 @@ def test_trainer_killed_restarts_from_its_checkpoint_while_rollouts_keep_generat
     harness.wait(lambda: stats()["leased"] > 0, 120, "the trainer to hold a lease")
     steps_before = len(harness.remote(rt.ledger.steps.remote()))
     accepted_before = stats()["accepted"]
-    f = harness.call(rt.kill_trainer())
+    f = harness.call(faults.kill_trainer(rt))
     harness.wait(lambda: f.t_recovered is not None, 300, "the trainer restart")
     # rollouts generated while the trainer was down
     assert stats()["accepted"] > accepted_before

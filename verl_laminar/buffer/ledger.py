@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from verl_laminar.buffer.experience import ExperienceBuffer, Group, PutResult, Trajectory
@@ -33,8 +33,10 @@ class StepRecord:
     step: int
     group_ids: tuple[str, ...]
     trajectories: int
-    tokens: int
+    tokens: int  # response tokens
     committed_s: float
+    prompt_tokens: int = 0
+    timing: dict = field(default_factory=dict)  # the trainer's seconds per phase (lease wait, train, checkpoint, ...)
 
 
 class TrainLedger:
@@ -66,7 +68,8 @@ class TrainLedger:
                 self._leased[g.group_id] = g
         return groups
 
-    def commit(self, step: int, group_ids: list[str], tokens: int) -> StepRecord:
+    def commit(self, step: int, group_ids: list[str], tokens: int, prompt_tokens: int = 0,
+               timing: Optional[dict] = None) -> StepRecord:
         with self._lock:
             again = [g for g in group_ids if g in self._trained]
             if again:
@@ -80,7 +83,8 @@ class TrainLedger:
             for g in group_ids:
                 n += len(self._leased.pop(g).trajectories)
                 self._trained[g] = step
-            rec = StepRecord(step, tuple(group_ids), n, int(tokens), self._clock())
+            rec = StepRecord(step, tuple(group_ids), n, int(tokens), self._clock(), int(prompt_tokens),
+                             dict(timing or {}))
             self._steps.append(rec)
             return rec
 

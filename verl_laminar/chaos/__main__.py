@@ -12,6 +12,10 @@ Then feeding stops and every dispatched group must be trained exactly once.
 
 Prints (JSON): faults_injected, trajectories_started, trajectories_trained, lost, duplicated, mixed_version,
 regenerated, recovery_s per fault kind, train_tokens_per_s_before/during/after, and each fault's record.
+Training throughput is the paper's: prompt + response tokens of a step / time between two publications,
+each step's tokens spread over its own interval (``chaos.plan.step_segments``), so a window boundary never
+rounds a 10 s step to zero or one; response-only rates are reported beside it. ``step_timeline`` has every
+step with where its time went (lease wait, train, checkpoint, publish).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 from typing import Any, Optional
 
 from verl_laminar.chaos.plan import parse_counts, schedule, throughput_report
+from verl_laminar.ft import faults
 
 logger = logging.getLogger("verl_laminar.chaos")
 
@@ -45,21 +50,21 @@ async def _kill(rt: Any, kind: str, rng: random.Random) -> Any:
                 busy = [rid for rid, es in zip(live, entries) if any(e.tokens for e in es)]
             if busy or (live and time.time() > deadline):
                 rid = rng.choice(sorted(busy or live))
-                return await (rt.kill_replica(rid) if kind == "rollout" else rt.corrupt_replica(rid))
+                return await (faults.kill_replica(rt, rid) if kind == "rollout" else faults.corrupt_replica(rt, rid))
             await asyncio.sleep(0.1)
     if kind in ("relay", "master_relay"):
         plan = await rt.relay_group.plan.remote()
         if kind == "master_relay":
-            return await rt.kill_relay(plan.master, kind)
-        return await rt.kill_relay(rng.choice(sorted(r for r in plan.relays if r != plan.master)), kind)
+            return await faults.kill_relay(rt, plan.master, kind)
+        return await faults.kill_relay(rt, rng.choice(sorted(r for r in plan.relays if r != plan.master)), kind)
     if kind == "pool":
         # while trajectories are in flight, so the restarted pool has entries to replay (up to 30 s)
         deadline = time.time() + 30
         while time.time() < deadline and await rt.pool.__ray_call__.remote(lambda p: len(p)) == 0:
             await asyncio.sleep(0.1)
-        return await rt.kill_pool()
+        return await faults.kill_pool(rt)
     if kind == "trainer":
-        return await rt.kill_trainer()
+        return await faults.kill_trainer(rt)
     raise ValueError(kind)
 
 
@@ -77,6 +82,7 @@ async def inject(rt: Any, args: argparse.Namespace, state: dict) -> None:
     # the pre-fault level needs a few committed steps
     while rt._trained_n < args.warmup_groups:
         await asyncio.sleep(0.25)
+    state["warm"] = time.time()
     for pf in plan:
         await asyncio.sleep(pf.gap_s)
         f = await _kill(rt, pf.kind, rng)
@@ -133,11 +139,18 @@ async def chaos(args: argparse.Namespace) -> dict:
     n = args.n
     started = set(rt.started_s)
     lost_groups = sorted(started - set(trained))
-    commits = [(st.committed_s, st.tokens) for st in steps if st.tokens > 0]
-    tp = throughput_report(commits, [(f.kind, f.t_kill, _restored(f)) for f in rt.faults], t_end,
-                           args.min_window_s)
+    trained_steps = [st for st in steps if st.tokens > 0]  # recover() records carry no tokens
+    windows = [(f.kind, f.t_kill, _restored(f)) for f in rt.faults]
+    restarts = [f.t_recovered for f in rt.faults if f.kind == "trainer" and f.t_recovered is not None]
+    # training throughput as the paper defines it: prompt + response tokens of a step / time between two
+    # publications; the response-only rate is reported beside it
+    tp = throughput_report([(st.committed_s, st.tokens + st.prompt_tokens) for st in trained_steps], windows,
+                           t_end, args.min_window_s, restarts, injected.get("warm"))
+    tp_resp = throughput_report([(st.committed_s, st.tokens) for st in trained_steps], windows, t_end,
+                                args.min_window_s, restarts, injected.get("warm"))
     kinds = sorted({f.kind for f in rt.faults})
     after = [a for a in tp["after"] if a["ratio_to_before"] is not None]
+    after_resp = [a for a in tp_resp["after"] if a["ratio_to_before"] is not None]
     return {
         "faults_injected": len(rt.faults),
         "faults_by_kind": {k: sum(f.kind == k for f in rt.faults) for k in kinds},
@@ -158,11 +171,22 @@ async def chaos(args: argparse.Namespace) -> dict:
         "train_tokens_per_s_after": (sum(a["tokens_per_s"] for a in after) / len(after)) if after else None,
         "after_ratio_min": min((a["ratio_to_before"] for a in after), default=None),
         "after_each_fault": tp["after"],
+        "response_tokens_per_s_before": tp_resp["before"],
+        "response_tokens_per_s_during": tp_resp["during"],
+        "response_after_ratio_min": min((a["ratio_to_before"] for a in after_resp), default=None),
+        "response_after_each_fault": tp_resp["after"],
         "steps": len(steps), "groups_trained": len(trained), "groups_started": len(started),
         "lost_groups": lost_groups[:10],
         "faults": [{"kind": f.kind, "target": f.target, "t_kill_s": round(f.t_kill - t_run, 2),
                     "recovery_s": f.recovery_s, **{k: v for k, v in f.detail.items() if k != "step"}}
                    for f in rt.faults],
+        # the per-step timeline: when each step committed (s from the run's start), its tokens, its phases
+        "step_timeline": [{"step": st.step, "t_s": round(st.committed_s - t_run, 2), "tokens": st.tokens,
+                           "prompt_tokens": st.prompt_tokens, **st.timing} for st in trained_steps],
+        "t_run_s": {"recovered": [round(f.t_recovered - t_run, 2) if f.t_recovered else None for f in rt.faults],
+                    "restored": [round(_restored(f) - t_run, 2) if _restored(f) else None for f in rt.faults],
+                    "end": round(t_end - t_run, 2),
+                    "warm": round(injected["warm"] - t_run, 2) if "warm" in injected else None},
         "wall_s": time.time() - t0,
         "settings": {k: getattr(args, k) for k in ("replicas", "n", "groups_per_batch", "groups_per_step",
                                                    "max_tokens", "median", "temperature", "faults", "gap_min_s",
@@ -178,7 +202,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
     ap.add_argument("--gap-min-s", type=float, default=30.0, help="seconds from one recovery to the next kill")
     ap.add_argument("--gap-max-s", type=float, default=40.0)
-    ap.add_argument("--warmup-groups", type=int, default=8, help="groups trained before the first fault")
+    ap.add_argument("--warmup-groups", type=int, default=16,
+                    help="groups trained before the pre-fault level is measured (start-up is slower: the rollouts "
+                         "fill the buffer while the trainer trains)")
     ap.add_argument("--tail-s", type=float, default=30.0, help="seconds of training after the last recovery")
     ap.add_argument("--min-window-s", type=float, default=15.0)
     ap.add_argument("--recovery-timeout-s", type=float, default=300.0)

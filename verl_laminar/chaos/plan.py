@@ -55,31 +55,60 @@ def schedule(counts: dict[str, int], seed: int, gap_s: tuple[float, float], rela
     return [PlannedFault(k, rng.uniform(lo, hi)) for k in kinds]
 
 
-def _rate(steps: Sequence[tuple[float, int]], t0: float, t1: float) -> Optional[float]:
+def step_segments(steps: Sequence[tuple[float, int]], restarts: Sequence[float] = ()) -> list[tuple[float, float, int]]:
+    """Each step's tokens over the time that made them: from the previous commit (or, when the trainer was
+    restarted in between, from the restart: the killed process's step in progress was lost) to its commit.
+    This is the paper's per-step throughput, tokens / time between two publications. The first step's
+    start is unknown and it is left out."""
+    steps = sorted(steps)
+    segs = []
+    for (tp, _), (t, tok) in zip(steps, steps[1:]):
+        start = max([tp] + [r for r in restarts if tp <= r < t])
+        segs.append((start, t, tok))
+    return segs
+
+
+def _rate(segs: Sequence[tuple[float, float, int]], t0: float, t1: float) -> Optional[float]:
+    """Tokens/s over [t0, t1): each step counts for the part of its segment inside the window, so a window
+    that cuts a step in two is neither rounded up nor down to whole steps."""
     if t1 - t0 <= 0:
         return None
-    return sum(tok for t, tok in steps if t0 <= t < t1) / (t1 - t0)
+    return _tokens_in(segs, t0, t1) / (t1 - t0)
+
+
+def _tokens_in(segs: Sequence[tuple[float, float, int]], t0: float, t1: float) -> float:
+    tot = 0.0
+    for s0, s1, tok in segs:
+        overlap = min(s1, t1) - max(s0, t0)
+        if overlap > 0:
+            tot += tok * overlap / (s1 - s0)
+    return tot
 
 
 def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple[str, float, float]],
-                      t_end: float, min_window_s: float = 15.0) -> dict:
-    """``steps``: (commit time, tokens); ``faults``: (kind, kill time, recovered time) in order.
+                      t_end: float, min_window_s: float = 15.0, restarts: Sequence[float] = (),
+                      before_from: Optional[float] = None) -> dict:
+    """``steps``: (commit time, tokens); ``faults``: (kind, kill time, recovered time) in order;
+    ``restarts``: when a restarted trainer process began training (see ``step_segments``).
 
-    before: from the first commit to the first kill. during: over every [kill, recovered] interval.
+    before: from ``before_from`` (the end of warm-up; default the first commit) to the first kill: the
+    steady pre-fault level, not the start-up, when the rollouts filling the buffer slow the trainer down.
+    during: over every [kill, recovered] interval.
     after each fault: from its recovery to the next kill (or the end); a window shorter than
     ``min_window_s`` holds too few steps to judge and is reported as None.
     """
-    steps = sorted(steps)
     if not steps:
         raise ValueError("no training step was committed")
+    segs = step_segments(steps, restarts)
+    t_first = min(t for t, _ in steps)
     first_kill = faults[0][1] if faults else t_end
-    before = _rate(steps, steps[0][0], first_kill)
-    during_tok = sum(tok for t, tok in steps if any(k <= t < r for _, k, r in faults))
+    before = _rate(segs, t_first if before_from is None else max(t_first, before_from), first_kill)
+    during_tok = sum(_tokens_in(segs, k, r) for _, k, r in faults)
     during_s = sum(r - k for _, k, r in faults)
     after = []
     for i, (kind, _, rec) in enumerate(faults):
         end = faults[i + 1][1] if i + 1 < len(faults) else t_end
-        rate = _rate(steps, rec, end) if end - rec >= min_window_s else None
+        rate = _rate(segs, rec, end) if end - rec >= min_window_s else None
         after.append({"kind": kind, "window_s": end - rec, "tokens_per_s": rate,
                       "ratio_to_before": None if rate is None or not before else rate / before})
     return {"before": before, "during": during_tok / during_s if during_s > 0 else None, "after": after}

@@ -22,32 +22,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl_laminar.buffer.experience import Trajectory as BufferTrajectory
+from verl_laminar.ft.faults import FaultRecord
+from verl_laminar.ft.recovery import FailoverMixin
 from verl_laminar.policy.dispatch import (
     DispatchConfig,
-    RoutingError,
-    add_replica,
+    abandon_refresh,
     apply_plan,
     complete_refresh,
-    abandon_refresh,
     finish_group,
     initial_state,
-    mark_dead,
-    move_group,
     plan_dispatch,
 )
-from verl_laminar.policy.failover import (
-    Health,
-    HeartbeatPolicy,
-    OrphanGroup,
-    ReplicaView,
-    plan_failover,
-)
+from verl_laminar.policy.failover import HeartbeatPolicy
 from verl_laminar.policy.migration import Piece, Trajectory
 from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens
 
@@ -109,21 +100,7 @@ def _vocab_size(model_dir: str) -> int:
         return int(json.load(f)["vocab_size"])
 
 
-@dataclass
-class FaultRecord:
-    kind: str
-    target: str
-    t_kill: float
-    t_detect: Optional[float] = None
-    t_recovered: Optional[float] = None
-    detail: dict = field(default_factory=dict)
-
-    @property
-    def recovery_s(self) -> Optional[float]:
-        return None if self.t_recovered is None else self.t_recovered - self.t_kill
-
-
-class FtRuntime:
+class FtRuntime(FailoverMixin):
     def __init__(self, s: RuntimeSettings, workload: Any) -> None:
         self.s, self.work = s, workload
         self.cfg = DispatchConfig(s.groups_per_batch)
@@ -414,129 +391,6 @@ class FtRuntime:
                 self.resumed_from_pool += 1
         return t
 
-    # ---------------------------------------------------------------- failures
-    async def replica_failed(self, rid: int, why: str) -> None:
-        """Mark dead once, fence it, plan failover (pure policy) and execute the plan."""
-        import ray
-
-        from verl_laminar.bench.repack import reap
-
-        if rid in self._failing or not self.state.replica(rid).alive:
-            return
-        self._failing.add(rid)
-        now = time.monotonic()
-        logger.warning("replica %d is dead (%s); failing over", rid, why)
-        fault = next((f for f in reversed(self.faults) if f.target == f"replica{rid}" and f.t_detect is None), None)
-        if fault is not None:
-            fault.t_detect = time.time()
-        ray.kill(self.replicas[rid])  # fence: a wedged replica must not keep writing to the pool
-        # its vLLM engine processes, by PID, off the loop (reap waits for them to exit)
-        self._spawn(asyncio.to_thread(reap, self.pids.get(rid, [])[1:]))
-        self.state = mark_dead(self.state, rid)
-        orphans = [OrphanGroup(g, a.version, len(self.work.lengths[g]), self.started_s.get(g, now))
-                   for g, a in self.state.pins.items() if a.replica_id == rid]
-        load = {r.replica_id: 0 for r in self.state.replicas}
-        for g, a in self.state.pins.items():
-            load[a.replica_id] += len(self.work.lengths[g])
-        views = [ReplicaView(r.replica_id, r.version, Health.ALIVE if r.alive and r.refreshing_to is None
-                             else Health.DEAD, load[r.replica_id]) for r in self.state.replicas]
-        kept = await self._relay_versions()
-        plan = plan_failover(orphans, views, now, kept, self.s.max_age_s)
-        for gid, target in plan.moves:
-            self.state = move_group(self.state, gid, target)
-            self._spawn(self._reassign(gid, target))
-        for gid in plan.regenerate:
-            self.state, _ = finish_group(self.state, gid)  # unpinned: _placed raises Regenerate
-        new_id = self.next_rid
-        self.next_rid += 1
-        version = plan.replacements[0][0] if plan.replacements else None
-        waiting = plan.replacements[0][1] if plan.replacements else ()
-        for v, gs in plan.replacements[1:]:  # one replacement per failure; other versions regenerate
-            for gid in gs:
-                self.state, _ = finish_group(self.state, gid)
-        if fault is not None:
-            fault.detail.update(orphans=len(orphans), moved=len(plan.moves), regenerated=len(plan.regenerate),
-                                waiting_for_replacement=len(waiting))
-            if not waiting:
-                fault.t_recovered = time.time()  # every orphan is placed on a live replica again
-        self._spawn(self._replace(rid, new_id, version, waiting, fault))
-        self.pump()
-
-    async def _reassign(self, gid: str, target: int) -> None:
-        """Record in the pool where the group's responses continue (what ``on_replica`` answers)."""
-        if self.pool is not None:
-            await asyncio.gather(*(self.pool.reassign.remote(self._pool_key(gid, j), target)
-                                   for j in range(len(self.work.lengths[gid]))))
-
-    async def _relay_versions(self) -> list[int]:
-        import ray
-
-        try:
-            master = await self.relay_group.master.remote()
-            relay = ray.get_actor(await self.relay_group.actor_name.remote(master), namespace=self.s.namespace)
-            return list(await relay.versions.remote()) + [0]  # v0 is the model every replica starts from
-        except Exception:  # noqa: BLE001 - no relay answers: only v0 can be rebuilt
-            return [0]
-
-    async def _replace(self, dead: int, rid: int, version: Optional[int], waiting: tuple, fault: Any) -> None:
-        """Start a replica in the dead one's place; it first serves ``version`` when groups wait for it."""
-        from ray.exceptions import RayTaskError
-
-        h = await self._start_replica(rid)
-        loaded = 0  # every replica starts on the model's weights, version 0
-        if version:
-            try:
-                await h.load_from_relay.remote(version, f"{self.s.namespace}_relays", self._relay_for(rid),
-                                               self.s.namespace)
-                loaded = version
-            except RayTaskError as e:
-                # the relays moved past it (they keep the newest and the previous version) while the
-                # replacement started: the waiting groups are regenerated with the newest weights
-                logger.warning("replacement %d could not load version %d (%s); regenerating %d groups", rid,
-                               version, e.cause if hasattr(e, "cause") else e, len(waiting))
-        self.replicas[rid] = h
-        self.state = add_replica(self.state, rid, loaded)
-        for gid in waiting:
-            if gid in self.state.pins:
-                if loaded == version:
-                    self.state = move_group(self.state, gid, rid)
-                    await self._reassign(gid, rid)
-                else:
-                    self.state, _ = finish_group(self.state, gid)  # unpinned: _placed raises Regenerate
-        if fault is not None and loaded != version:
-            fault.detail["regenerated_groups"] = fault.detail.get("regenerated_groups", 0) + len(waiting)
-        if fault is not None:
-            fault.detail["replacement_s"] = time.time() - fault.t_kill
-            if fault.t_recovered is None:
-                fault.t_recovered = time.time()
-        logger.info("replica %d replaces %d (version %s, %d groups waited)", rid, dead, version, len(waiting))
-        self.pump()
-
-    async def heartbeat_loop(self) -> None:
-        from ray.exceptions import RayActorError
-
-        hb = self.s.heartbeat
-        pending: dict[int, asyncio.Task] = {}
-
-        async def beat(rid: int) -> None:
-            # one ping in flight per replica; a late answer still counts as a beat when it arrives
-            try:
-                await self.replicas[rid].ping.remote()
-                self.beats[rid] = time.monotonic()
-            except RayActorError:
-                self.beats[rid] = float("-inf")  # an actor error is a death notice, not a late beat
-
-        while not self._stop.is_set():
-            live = [r.replica_id for r in self.state.replicas if r.alive and r.replica_id in self.replicas]
-            for rid in live:
-                if rid not in pending or pending[rid].done():
-                    pending[rid] = asyncio.get_running_loop().create_task(beat(rid))
-            await asyncio.sleep(hb.interval_s)
-            now = time.monotonic()
-            for rid in live:
-                if hb.health(self.beats[rid], now) is Health.DEAD:
-                    await self.replica_failed(rid, f"no heartbeat for {now - self.beats[rid]:.1f} s")
-
     async def version_loop(self) -> None:
         """What each replica's relay holds (its upstream's when it died): the newest a refresh may load."""
         import ray
@@ -594,59 +448,3 @@ class FtRuntime:
             await asyncio.sleep(0.25)
         if self.error is not None:
             raise self.error
-
-    # ---------------------------------------------------------------- fault injection (by PID)
-    async def kill_replica(self, rid: int) -> FaultRecord:
-        f = FaultRecord("rollout", f"replica{rid}", time.time(), detail={"pid": self.pids[rid][0]})
-        self.faults.append(f)
-        os.kill(self.pids[rid][0], signal.SIGKILL)
-        return f
-
-    async def corrupt_replica(self, rid: int) -> FaultRecord:
-        """The replica's next output carries out-of-vocabulary token ids (a broken engine, not a dead one)."""
-        f = FaultRecord("garbage", f"replica{rid}", time.time(), detail={"pid": self.pids[rid][0]})
-        self.faults.append(f)
-        await self.replicas[rid].inject_garbage.remote(1)
-        return f
-
-    async def relay_pid(self, relay_id: str) -> int:
-        import ray
-
-        h = ray.get_actor(await self.relay_group.actor_name.remote(relay_id), namespace=self.s.namespace)
-        return await h.__ray_call__.remote(lambda self_: os.getpid())
-
-    async def kill_relay(self, relay_id: str, kind: str = "relay") -> FaultRecord:
-        pid = await self.relay_pid(relay_id)
-        f = FaultRecord(kind, relay_id, time.time(), detail={"pid": pid})
-        self.faults.append(f)
-        os.kill(pid, signal.SIGKILL)
-        while True:
-            ev = [e for e in await self.relay_group.events.remote()
-                  if relay_id in e.get("dropped", ()) and "t_rebuilt" in e]
-            if ev:
-                f.t_detect, f.t_recovered = ev[0]["t_detect"], ev[0]["t_rebuilt"]
-                f.detail["master_changed"] = ev[0]["master_changed"]
-                return f
-            await asyncio.sleep(0.02)
-
-    async def kill_pool(self) -> FaultRecord:
-        pid = await self.pool.__ray_call__.remote(lambda p: os.getpid())
-        f = FaultRecord("pool", "pool", time.time(), detail={"pid": pid})
-        self.faults.append(f)
-        os.kill(pid, signal.SIGKILL)
-        while True:
-            try:
-                got = await asyncio.wait_for(self.pool.__ray_call__.remote(lambda p: (os.getpid(), len(p),
-                                                                                      p.recovered)), 5)
-                if got[0] != pid:
-                    f.t_recovered = time.time()
-                    f.detail.update(entries_recovered=got[2])
-                    return f
-            except Exception:  # noqa: BLE001 - the pool is restarting; ask again
-                await asyncio.sleep(0.05)
-
-    async def kill_trainer(self) -> FaultRecord:
-        f = FaultRecord("trainer", "trainer", time.time(), detail={"pid": self.trainer_pid})
-        self.faults.append(f)
-        os.kill(self.trainer_pid, signal.SIGKILL)
-        return f
