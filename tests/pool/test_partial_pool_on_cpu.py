@@ -120,7 +120,7 @@ def test_pool_process_killed_mid_stream_loses_no_acknowledged_chunk(tmp_path):
     assert t.tokens == list(range(n)) and t.logprobs == [-float(i) for i in range(n)] and t.version == 7
 
 
-def test_append_with_offset_is_idempotent_and_refuses_gaps():
+def test_append_with_offset_is_idempotent_and_refuses_overlaps():
     from verl_laminar.pool.partial import PartialPool
 
     pool = PartialPool()
@@ -129,9 +129,39 @@ def test_append_with_offset_is_idempotent_and_refuses_gaps():
     assert not pool.append("k", 1, [5, 6], [-0.5, -0.6], offset=0)  # a retried chunk after a pool restart
     assert pool.append("k", 1, [7], [-0.7], offset=2)
     assert pool.get("k").tokens == [5, 6, 7]
-    with pytest.raises(InvariantViolation, match="lost"):
-        pool.append("k", 1, [9], [-0.9], offset=5)
+    with pytest.raises(InvariantViolation, match="overlap"):
+        pool.append("k", 1, [8, 9], [-0.8, -0.9], offset=2)
     assert pool.get_many(["k", "nope"])["nope"] is None
+
+
+def test_a_chunk_resent_after_a_restart_may_land_after_the_next_one(tmp_path):
+    """Seen in a chaos run: the pool died with chunk 52..81 unlogged; Ray resent it, but the sender's next
+    chunk (81..) arrived first. The early chunk is logged and held; the entry stays contiguous; the resent
+    chunk fills the gap and the held one follows. A restart in between keeps the held chunk."""
+    from verl_laminar.pool.partial import PartialPool
+
+    path = str(tmp_path / "pool.log")
+    pool = PartialPool(path)
+    pool.open("k", "g", 1, [1], {"max_tokens": 16})
+    pool.append("k", 1, [0, 1], [-0.0, -0.1], offset=0)
+    assert pool.append("k", 1, [4, 5], [-0.4, -0.5], offset=4)  # ahead of the missing 2..4
+    assert not pool.append("k", 1, [4, 5], [-0.4, -0.5], offset=4)  # held already
+    assert pool.get("k").tokens == [0, 1]  # a resume now continues from token 2, never skipping one
+    pool.shutdown()
+    pool = PartialPool(path)  # the pool restarts again before the gap is filled
+    assert pool.get("k").tokens == [0, 1]
+    assert pool.append("k", 1, [2, 3], [-0.2, -0.3], offset=2)
+    assert pool.get("k").tokens == [0, 1, 2, 3, 4, 5]
+    assert pool.get("k").logprobs == [-0.0, -0.1, -0.2, -0.3, -0.4, -0.5]
+    pool.compact()
+    pool.shutdown()
+    assert PartialPool(path).get("k").tokens == [0, 1, 2, 3, 4, 5]
+    # a truncate (garbage tail) drops held chunks too
+    pool = PartialPool(path)
+    pool.append("k", 1, [9], [-0.9], offset=8)
+    pool.truncate("k", 6)
+    pool.append("k", 1, [6, 7], [-0.6, -0.7], offset=6)
+    assert pool.get("k").tokens == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_truncate_drops_a_bad_tail_and_survives_replay(tmp_path):

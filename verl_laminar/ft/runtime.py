@@ -384,6 +384,10 @@ class FtRuntime(FailoverMixin):
             entry = await self.pool.get.remote(self._pool_key(gid, j))
             if entry.version != version:
                 raise RuntimeError(f"pool entry {entry.key} has version {entry.version}, group pinned to {version}")
+            if entry.early:
+                # chunks of the dead stream held beyond a gap: the new stream continues from the last
+                # contiguous token and must not be joined to them
+                await self.pool.truncate.remote(self._pool_key(gid, j), len(entry.tokens))
             if entry.tokens:
                 # all of it already made (only the reply was lost): the trajectory is complete
                 t.add(Piece(tuple(entry.tokens), tuple(entry.logprobs), version, -1,

@@ -8,7 +8,8 @@ skipped on recovery, which loses at most that one chunk, never an earlier one. T
 from the live entries, then renamed over the old one) when closed records dominate it.
 
 Invariants (violations raise): a trajectory has one version for its whole life; tokens and log-probs grow
-together and only at the end; a closed trajectory (it reached the experience buffer) cannot be appended to.
+together and only at the end (a chunk that arrives early waits for the one before it); a closed trajectory
+(it reached the experience buffer) cannot be appended to.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class PartialTrajectory:
     logprobs: list[float] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # agent-loop state of a multi-turn trajectory
     replica_id: Optional[int] = None
+    # chunks that arrived ahead of a missing one, by offset: not part of ``tokens`` until the gap is filled
+    early: dict[int, tuple[list[int], list[float], Optional[dict]]] = field(default_factory=dict)
 
     def remaining_budget(self) -> Optional[int]:
         """Tokens still allowed when the trajectory resumes elsewhere (same sampling parameters otherwise)."""
@@ -84,20 +87,25 @@ class PartialPool:
 
     def append(self, key: str, version: int, tokens: list[int], logprobs: list[float],
                state: Optional[dict] = None, offset: Optional[int] = None) -> bool:
-        """Add a chunk. With ``offset`` (tokens the trajectory had before this chunk) the call is idempotent:
-        a chunk already applied is ignored and False returned. A retried call needs that: when the pool's
-        process dies after logging a chunk but before replying, Ray sends the same chunk again."""
+        """Add a chunk. With ``offset`` (tokens the trajectory had before this chunk) the call is idempotent
+        and order-free: a chunk already applied is ignored (False returned), and a chunk that arrives ahead
+        of an earlier one is logged and held until the gap is filled. Both happen around a pool restart: Ray
+        resends a call the dead process may or may not have logged, and the resent call can land after the
+        sender's next chunk. Until the gap is filled the entry's ``tokens`` stop before it, so a resume
+        continues from the last contiguous token and never skips one."""
+        rec = {"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
+               "logprobs": list(map(float, logprobs)), "state": state}
         if offset is not None:
             t = self._entries.get(key)
             if t is not None:
                 have = len(t.tokens)
-                if offset + len(tokens) <= have:
-                    return False  # applied before the restart
-                if offset != have:
-                    raise InvariantViolation(f"chunk for {key!r} starts at token {offset}, but the pool holds "
-                                             f"{have}: a chunk between them was lost")
-        self._apply({"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
-                     "logprobs": list(map(float, logprobs)), "state": state})
+                if offset + len(tokens) <= have or offset in t.early:
+                    return False  # applied (or held) before
+                if offset < have:
+                    raise InvariantViolation(f"chunk for {key!r} covers tokens {offset}..{offset + len(tokens)}, "
+                                             f"but the pool holds {have}: chunks must not overlap")
+            rec["offset"] = int(offset)
+        self._apply(rec)
         return True
 
     def truncate(self, key: str, keep: int) -> None:
@@ -150,14 +158,18 @@ class PartialPool:
                 if len(rec["tokens"]) != len(rec["logprobs"]):
                     raise ValueError(f"append to {key!r}: {len(rec['tokens'])} tokens but {len(rec['logprobs'])} "
                                      "log-probs; they must pair up")
-                t.tokens.extend(rec["tokens"])
-                t.logprobs.extend(rec["logprobs"])
-                if rec.get("state") is not None:
-                    t.state = rec["state"]
+                offset = rec.get("offset")
+                if offset is not None and offset > len(t.tokens):
+                    t.early[offset] = (rec["tokens"], rec["logprobs"], rec.get("state"))
+                else:
+                    self._extend(t, rec["tokens"], rec["logprobs"], rec.get("state"))
+                    while len(t.tokens) in t.early:  # the gap is filled: the held chunks follow in order
+                        self._extend(t, *t.early.pop(len(t.tokens)))
             elif op == "truncate":
                 if not 0 <= rec["keep"] <= len(t.tokens):
                     raise ValueError(f"truncate {key!r} to {rec['keep']} tokens: it holds {len(t.tokens)}")
                 del t.tokens[rec["keep"]:], t.logprobs[rec["keep"]:]
+                t.early.clear()  # held chunks came from the same bad stream
             elif op == "reassign":
                 t.replica_id = rec["replica_id"]
             elif op == "close":
@@ -170,6 +182,13 @@ class PartialPool:
             os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
             if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:
                 self.compact()
+
+    @staticmethod
+    def _extend(t: PartialTrajectory, tokens: list[int], logprobs: list[float], state: Optional[dict]) -> None:
+        t.tokens.extend(tokens)
+        t.logprobs.extend(logprobs)
+        if state is not None:
+            t.state = state
 
     def _replay(self, path: str) -> None:
         with open(path, "rb") as f:
@@ -198,6 +217,10 @@ class PartialPool:
                 if t.tokens:
                     f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": t.tokens,
                                         "logprobs": t.logprobs, "state": None}, separators=(",", ":")) + "\n")
+                for off, (toks, lps, st) in sorted(t.early.items()):
+                    f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": toks,
+                                        "logprobs": lps, "state": st, "offset": off},
+                                       separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
