@@ -38,10 +38,14 @@ def test_throughput_before_during_after():
     # 8-token step every second from t=15 (the first one made in 14..15)
     steps = [(t, 10) for t in range(0, 11)] + [(t, 8) for t in range(15, 35)]
     rep = throughput_report(steps, [("trainer", 10.5, 14.0)], t_end=34.0, min_window_s=5, restarts=[14.0])
-    assert rep["before"] == pytest.approx(100 / 10.5)  # 10 tok/s until the last commit, nothing after it
+    # the step in progress at the trainer kill (10..10.5) is lost: the kill's cost, not the window's
+    assert rep["before"] == pytest.approx(10.0)
     assert rep["during"] == 0.0
     assert rep["after"][0]["tokens_per_s"] == pytest.approx(8.0)
-    assert rep["after"][0]["ratio_to_before"] == pytest.approx(8.0 / (100 / 10.5))
+    assert rep["after"][0]["ratio_to_before"] == pytest.approx(0.8)
+    # a relay kill at the same time destroys no step: the window runs to the kill
+    rep = throughput_report(steps, [("relay", 10.5, 14.0)], t_end=34.0, min_window_s=5)
+    assert rep["before"] == pytest.approx((100 + 8 * 0.5 / 5) / 10.5)  # the 8-token 10..15 step, 0.5 s of it
 
 
 def test_a_window_cutting_a_step_counts_the_part_inside_it():

@@ -96,18 +96,31 @@ def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple
     during: over every [kill, recovered] interval.
     after each fault: from its recovery to the next kill (or the end); a window shorter than
     ``min_window_s`` holds too few steps to judge and is reported as None.
+    A trainer kill destroys the step in progress: that work is the next fault's cost, not a slow window
+    before it, so a window that ends at a trainer kill ends at the last commit before it.
     """
     if not steps:
         raise ValueError("no training step was committed")
     segs = step_segments(steps, restarts)
     t_first = min(t for t, _ in steps)
-    first_kill = faults[0][1] if faults else t_end
-    before = _rate(segs, t_first if before_from is None else max(t_first, before_from), first_kill)
+    commit_times = sorted(t for t, _ in steps)
+
+    def window_end(i: int) -> float:
+        """End of the window before fault ``i`` (``len(faults)``: the end of the run)."""
+        if i >= len(faults):
+            return t_end
+        kind, kill, _ = faults[i]
+        if kind != "trainer":
+            return kill
+        done = [t for t in commit_times if t < kill]
+        return done[-1] if done else kill
+
+    before = _rate(segs, t_first if before_from is None else max(t_first, before_from), window_end(0))
     during_tok = sum(_tokens_in(segs, k, r) for _, k, r in faults)
     during_s = sum(r - k for _, k, r in faults)
     after = []
     for i, (kind, _, rec) in enumerate(faults):
-        end = faults[i + 1][1] if i + 1 < len(faults) else t_end
+        end = window_end(i + 1)
         rate = _rate(segs, rec, end) if end - rec >= min_window_s else None
         after.append({"kind": kind, "window_s": end - rec, "tokens_per_s": rate,
                       "ratio_to_before": None if rate is None or not before else rate / before})
