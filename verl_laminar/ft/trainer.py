@@ -114,7 +114,7 @@ class CheckpointedTrainer:
         out = ray.get(self._ledger().recover.remote(self.trained), timeout=60)
         # connect to the master relay now: a new process's first publish otherwise pays the connection
         # (6-8 s measured in the chaos run) inside its first training step, after recovery was declared
-        self._relay_engine()._get_publisher()
+        self._relay_engine().connect()
         newest = self.relay_newest()
         if self.step > 0 and (newest is None or newest < self.step):
             self.publish(self.step)  # the previous process died between its checkpoint and its publish

@@ -119,6 +119,11 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             self._publisher = Publisher(RayHandle(handle, self.timeout_s))
         return self._publisher
 
+    def connect(self) -> None:
+        """Resolve the master relay and open the publisher now, so the first publish pays no set-up."""
+        if self.is_master:
+            self._get_publisher()
+
     def _master_failover(self, cause: Exception) -> Publisher:
         """A publish to master ``self.relay_id`` failed: if the group finds it dead, the new master's publisher.
 
