@@ -76,3 +76,36 @@ def test_the_pre_fault_level_starts_after_warm_up():
     rep = throughput_report(steps, [("relay", 100.0, 101.0)], 130.0, min_window_s=5, before_from=20.0)
     assert rep["before"] == pytest.approx(10.0)
     assert throughput_report(steps, [("relay", 100.0, 101.0)], 130.0, min_window_s=5)["before"] < 10.0
+
+
+def test_window_spread_is_the_workload_noise_floor():
+    from verl_laminar.chaos.plan import window_spread
+    # 10 s steps alternating 50 and 150 tokens: the long-run level is 10 tokens/s
+    steps = [(t, 50 if (t // 10) % 2 else 150) for t in range(0, 201, 10)]
+    segs = step_segments(steps)
+    one = window_spread(segs, 0, 200, 10.0)
+    assert one["min_ratio"] == pytest.approx(0.5) and one["max_ratio"] == pytest.approx(1.5)
+    # a window of two steps always holds one of each
+    two = window_spread(segs, 0, 200, 20.0)
+    assert two["min_ratio"] == pytest.approx(1.0) and two["max_ratio"] == pytest.approx(1.0)
+    assert window_spread(segs, 0, 15, 20.0) is None  # the stretch is shorter than one window
+    # throughput_report measures it over the pre-fault stretch, with the shortest judged window
+    rep = throughput_report(steps, [("relay", 100.0, 101.0), ("pool", 131.0, 132.0)], 200.0, min_window_s=5)
+    assert rep["before_window_spread"]["window_s"] == pytest.approx(30.0)
+    assert rep["before_window_spread"]["min_ratio"] < 1.0 < rep["before_window_spread"]["max_ratio"]
+
+
+def test_cli_defaults_leave_windows_long_enough_to_judge_and_refuse_bad_flags(capsys):
+    from verl_laminar.chaos.__main__ import parse_args
+    a = parse_args([])
+    # at least 10 faults of every kind, and after-fault windows several ~15 s steps long
+    counts = parse_counts(a.faults)
+    assert sum(counts.values()) >= 10 and set(counts) == {"rollout", "relay", "master_relay", "pool", "trainer",
+                                                           "garbage"}
+    assert a.gap_min_s >= 90 and a.baseline_s >= a.gap_min_s and a.tail_s >= a.gap_min_s
+    with pytest.raises(SystemExit):
+        parse_args(["--gap-min-s", "50", "--gap-max-s", "10"])
+    assert "0 <= min <= max" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--faults", "pool=1", "--no-pool"])
+    assert "no pool to kill" in capsys.readouterr().err

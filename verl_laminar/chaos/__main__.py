@@ -83,8 +83,10 @@ async def inject(rt: Any, args: argparse.Namespace, state: dict) -> None:
     while rt._trained_n < args.warmup_groups:
         await asyncio.sleep(0.25)
     state["warm"] = time.time()
-    for pf in plan:
-        await asyncio.sleep(pf.gap_s)
+    for i, pf in enumerate(plan):
+        # the first fault waits --baseline-s: the pre-fault level every after-fault ratio is divided by must
+        # hold enough steps that its own noise does not decide the ratio
+        await asyncio.sleep(max(pf.gap_s, args.baseline_s) if i == 0 else pf.gap_s)
         f = await _kill(rt, pf.kind, rng)
         logger.info("fault %d/%d: killed %s (%s)", len(rt.faults), len(plan), f.target, f.kind)
         deadline = time.time() + args.recovery_timeout_s
@@ -171,6 +173,12 @@ async def chaos(args: argparse.Namespace) -> dict:
         "train_tokens_per_s_after": (sum(a["tokens_per_s"] for a in after) / len(after)) if after else None,
         "after_ratio_min": min((a["ratio_to_before"] for a in after), default=None),
         "after_each_fault": tp["after"],
+        "after_ratio_target": args.after_ratio_target,
+        "after_all_within_target": bool(after) and all(a["ratio_to_before"] >= args.after_ratio_target
+                                                        for a in after),
+        # fault-free windows as long as the shortest judged one, sliding over the pre-fault stretch: how far
+        # the workload alone moves a window's rate
+        "before_window_spread": tp["before_window_spread"],
         "response_tokens_per_s_before": tp_resp["before"],
         "response_tokens_per_s_during": tp_resp["during"],
         "response_after_ratio_min": min((a["ratio_to_before"] for a in after_resp), default=None),
@@ -190,8 +198,8 @@ async def chaos(args: argparse.Namespace) -> dict:
         "wall_s": time.time() - t0,
         "settings": {k: getattr(args, k) for k in ("replicas", "n", "groups_per_batch", "groups_per_step",
                                                    "max_tokens", "median", "temperature", "faults", "gap_min_s",
-                                                   "gap_max_s", "heartbeat_s", "dead_after_s", "flush_tokens",
-                                                   "flush_interval_s", "seed")},
+                                                   "gap_max_s", "baseline_s", "tail_s", "heartbeat_s",
+                                                   "dead_after_s", "flush_tokens", "flush_interval_s", "seed")},
     }
 
 
@@ -200,13 +208,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3,garbage=1",
                     help="how many of each fault kind: rollout (SIGKILL a replica), relay, master_relay, pool, "
                          "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
-    ap.add_argument("--gap-min-s", type=float, default=30.0, help="seconds from one recovery to the next kill")
-    ap.add_argument("--gap-max-s", type=float, default=40.0)
+    # A step is ~15 s here and its size follows the skewed response lengths (200-480 tokens), so a 35 s window
+    # holds two steps and strays up to 30% from the long-run rate with no fault at all; 90 s windows stray
+    # about 13%, which leaves the 20% recovery target something to measure.
+    ap.add_argument("--gap-min-s", type=float, default=90.0, help="seconds from one recovery to the next kill")
+    ap.add_argument("--gap-max-s", type=float, default=120.0)
+    ap.add_argument("--baseline-s", type=float, default=180.0,
+                    help="seconds from the end of warm-up to the first kill: the pre-fault level is measured here")
+    ap.add_argument("--after-ratio-target", type=float, default=0.8,
+                    help="after each recovery, training throughput / the pre-fault level should reach this")
     ap.add_argument("--warmup-groups", type=int, default=16,
                     help="groups trained before the pre-fault level is measured (start-up is slower: the rollouts "
                          "fill the buffer while the trainer trains)")
-    ap.add_argument("--tail-s", type=float, default=30.0, help="seconds of training after the last recovery")
-    ap.add_argument("--min-window-s", type=float, default=15.0)
+    ap.add_argument("--tail-s", type=float, default=120.0, help="seconds of training after the last recovery")
+    ap.add_argument("--min-window-s", type=float, default=30.0,
+                    help="an after-fault window shorter than this is too short to judge and is reported as None")
     ap.add_argument("--recovery-timeout-s", type=float, default=300.0)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--n", type=int, default=4, help="responses per prompt group")

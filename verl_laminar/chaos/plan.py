@@ -3,6 +3,8 @@
     schedule(counts, seed, ...)   -> faults in a seeded random order, separated by seeded random gaps
     throughput_report(steps, ...) -> train tokens/s before the first fault, during recoveries, and after each
                                      recovery (with its ratio to the pre-fault level)
+    window_spread(segs, ...)      -> how far fault-free windows of one length stray from the level over a
+                                     longer stretch: the noise floor an after-fault ratio is read against
 """
 
 from __future__ import annotations
@@ -85,6 +87,19 @@ def _tokens_in(segs: Sequence[tuple[float, float, int]], t0: float, t1: float) -
     return tot
 
 
+def window_spread(segs: Sequence[tuple[float, float, int]], t0: float, t1: float, window_s: float,
+                  stride_s: float = 1.0) -> Optional[dict]:
+    """Rates of every ``window_s`` window sliding over [t0, t1] (no fault in it), as ratios to the rate over
+    all of [t0, t1]. Steps differ in size (response lengths are skewed), so a short window of a steady system
+    already strays from the long-run level; an after-fault ratio inside this spread is workload, not recovery."""
+    level = _rate(segs, t0, t1)
+    if not level or window_s <= 0 or t1 - t0 < window_s:
+        return None
+    n = int((t1 - t0 - window_s) // stride_s) + 1
+    ratios = [_rate(segs, t0 + i * stride_s, t0 + i * stride_s + window_s) / level for i in range(n)]
+    return {"window_s": window_s, "windows": n, "min_ratio": min(ratios), "max_ratio": max(ratios)}
+
+
 def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple[str, float, float]],
                       t_end: float, min_window_s: float = 15.0, restarts: Sequence[float] = (),
                       before_from: Optional[float] = None) -> dict:
@@ -115,7 +130,8 @@ def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple
         done = [t for t in commit_times if t < kill]
         return done[-1] if done else kill
 
-    before = _rate(segs, t_first if before_from is None else max(t_first, before_from), window_end(0))
+    t_before = t_first if before_from is None else max(t_first, before_from)
+    before = _rate(segs, t_before, window_end(0))
     during_tok = sum(_tokens_in(segs, k, r) for _, k, r in faults)
     during_s = sum(r - k for _, k, r in faults)
     after = []
@@ -124,4 +140,7 @@ def throughput_report(steps: Sequence[tuple[float, int]], faults: Sequence[tuple
         rate = _rate(segs, rec, end) if end - rec >= min_window_s else None
         after.append({"kind": kind, "window_s": end - rec, "tokens_per_s": rate,
                       "ratio_to_before": None if rate is None or not before else rate / before})
-    return {"before": before, "during": during_tok / during_s if during_s > 0 else None, "after": after}
+    judged = sorted(a["window_s"] for a in after if a["tokens_per_s"] is not None)
+    spread = window_spread(segs, t_before, window_end(0), judged[0]) if judged else None
+    return {"before": before, "during": during_tok / during_s if during_s > 0 else None, "after": after,
+            "before_window_spread": spread}
