@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -15,3 +16,30 @@ def run_py(code: str, env: dict | None = None, timeout: int = 300) -> subprocess
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=REPO)
+
+
+class _Remote:
+    """``handle.method.remote(...)`` for an in-process object: the call returns an awaitable."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args, **kwargs):
+        return asyncio.ensure_future(self._fn(*args, **kwargs))
+
+
+class ActorShell:
+    """An in-process object behind the Ray handle call shape: ``shell.method.remote(...)`` is awaitable."""
+
+    def __init__(self, obj) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name):
+        fn = getattr(self._obj, name)
+        if asyncio.iscoroutinefunction(fn):
+            return _Remote(fn)
+
+        async def call(*a, **k):
+            return fn(*a, **k)
+
+        return _Remote(call)

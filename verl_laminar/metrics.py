@@ -63,6 +63,14 @@ REPACK_KV_USE_AFTER = "laminar/repack/kv_use_after"
 REPACK_ROUNDS = "laminar/repack/rounds"
 REPACK_SEQUENCES = "laminar/repack/sequences_moved"
 
+# rollout replica failover under verl (cumulative over the run; written by the Laminar trainer from the
+# router's failure events): replicas found dead, their open groups moved to a live replica of the same
+# version, and groups lost (no live replica on their version: verl failed them and refilled the batch)
+FT_REPLICA_FAILURES = "laminar/ft/replica_failures"
+FT_GROUPS_MOVED = "laminar/ft/groups_moved"
+FT_GROUPS_LOST = "laminar/ft/groups_lost"
+FT_LIVE_REPLICAS = "laminar/ft/live_replicas"
+
 _COUNT_NAMES = {
     "in_flight": TRAJECTORIES_IN_FLIGHT,
     "finished": TRAJECTORIES_FINISHED,

@@ -68,6 +68,8 @@ BAD_VALUES = [
     ({"buffer.max_staleness": -1}, "laminar.buffer.max_staleness=-1: must be null (unbounded"),
     ({"metrics.staleness_histogram": 1}, "laminar.metrics.staleness_histogram=1: must be of type bool, got int"),
     ({"repack": "fast"}, "laminar.repack='fast': must be a mapping of options"),
+    ({"fault_injection.kill_replica": -1}, "laminar.fault_injection.kill_replica=-1: must be null (no fault) or"),
+    ({"fault_injection.kill_after_step": 0}, "laminar.fault_injection.kill_after_step=0: must be a training step"),
 ]
 
 

@@ -9,35 +9,11 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
+from laminar_testing import ActorShell
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
-
-
-class _Remote:
-    """``handle.method.remote(...)`` for an in-process object: the call returns an awaitable."""
-
-    def __init__(self, fn):
-        self._fn = fn
-
-    def remote(self, *args, **kwargs):
-        return asyncio.ensure_future(self._fn(*args, **kwargs))
-
-
-class ActorShell:
-    def __init__(self, obj) -> None:
-        self._obj = obj
-
-    def __getattr__(self, name):
-        fn = getattr(self._obj, name)
-        if asyncio.iscoroutinefunction(fn):
-            return _Remote(fn)
-
-        async def call(*a, **k):
-            return fn(*a, **k)
-
-        return _Remote(call)
 
 
 class FakeServer:

@@ -139,6 +139,21 @@ class HeartbeatConfig(_Section):
 
 
 @dataclass(frozen=True)
+class FaultInjectionConfig(_Section):
+    """Testing only: SIGKILL one rollout replica's processes mid-run, to exercise replica failover."""
+
+    PATH: ClassVar[str] = f"{ROOT}.fault_injection"
+    kill_replica: Optional[int] = None
+    kill_after_step: int = 1
+
+    def __post_init__(self) -> None:
+        self._require("kill_replica", self.kill_replica is None or self.kill_replica >= 0,
+                      "must be null (no fault) or the rank of a rollout replica (>= 0)")
+        self._require("kill_after_step", self.kill_after_step >= 1,
+                      "must be a training step >= 1 (the replica dies right after that step publishes)")
+
+
+@dataclass(frozen=True)
 class MetricsConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.metrics"
     staleness_histogram: bool = True
@@ -166,6 +181,7 @@ class LaminarConfig(_Section):
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
     cpu_priority: bool = True
 
     def __post_init__(self) -> None:

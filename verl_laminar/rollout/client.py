@@ -14,6 +14,11 @@ source. The server then answers with the tokens and log-probs generated so far a
 replica with prompt + partial response and the remaining token budget (``policy.migration``). The agent
 loop receives one output: token ids and log-probs concatenated in order, labelled with the one version.
 Each vLLM request id is chosen here (not by verl per call) so the router knows which requests to abort.
+
+Replica death: a request whose server actor died fails with a Ray actor error. The client reports it to the
+router (``replica_failed``), which fails the replica over; if the group moved to a live replica of its
+version, the request runs again there from its prompt (verl's server returns nothing of a request that did
+not end, so there is no partial response to keep); if not, the request raises ``ReplicaLost``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import logging
 from typing import Any, Optional
 from uuid import uuid4
 
+from ray.exceptions import RayActorError
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.badinput import check_output_tokens
 
 logger = logging.getLogger(__name__)
@@ -114,12 +121,29 @@ class LaminarLLMServerClient(LLMServerClient):
         finally:
             _VLLM_RID.reset(token)
 
+    async def _piece(self, pin: Assignment, request_id: str, prompt_ids: list, params: dict, piece: int = 0,
+                     **kwargs: Any) -> Any:
+        """One request on the group's replica; if that replica died, again on the live replica of the same
+        version the router moved the group to."""
+        while True:
+            try:
+                return await self._one_piece(request_id, prompt_ids, params, piece=piece, **kwargs)
+            except RayActorError as e:
+                outcome = await self._load_balancer.replica_failed.remote(pin.group_id, pin.version, repr(e))
+                if outcome == "alive":
+                    raise
+                if outcome == "lost":
+                    raise ReplicaLost(f"request {request_id} of group {pin.group_id!r}: its replica died and no "
+                                      f"live replica serves version {pin.version}") from e
+                logger.warning("request %s of group %r: its replica died; running it again on the group's new "
+                               "replica (version %d)", request_id, pin.group_id, pin.version)
+
     async def generate(self, request_id, *, prompt_ids: list, sampling_params: dict, **kwargs: Any):
         pin = GROUP_PIN.get()
         if pin is None:
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                                           **kwargs)
-        output, vid = await self._one_piece(request_id, list(prompt_ids), dict(sampling_params), **kwargs)
+        output, vid = await self._piece(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
         self._check_output(output, request_id)
         if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
@@ -137,7 +161,7 @@ class LaminarLLMServerClient(LLMServerClient):
                 break
             ids, params = traj.next_request()
             logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
-            output, vid = await self._one_piece(request_id, ids, params, piece=len(traj.pieces), **kwargs)
+            output, vid = await self._piece(pin, request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
             self._check_output(output, request_id)
             migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)

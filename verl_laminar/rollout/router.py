@@ -16,6 +16,12 @@ Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``
                        prompt + partial response (same version, remaining budget)
 
 A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
+
+A replica dies (its actor fails a request, or a refresh): the pinned client reports it
+(``replica_failed``); the router checks the server is really gone (a probe call), marks it dead (it takes and
+loads nothing more) and moves its open groups to live replicas of the same version
+(``policy.replica_loss``); their requests restart there from the prompt. A group no live replica can keep at
+its version is lost: its requests raise ``ReplicaLost``, verl fails the group and refills the batch.
 It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
 ``acquire_server`` without a pin raises, because an unpinned request could run on any version.
 """
@@ -42,7 +48,9 @@ from verl_laminar.policy.dispatch import (
     route,
 )
 from verl_laminar.policy.repack import RepackConfig as RepackPolicy
+from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
+from verl_laminar.rollout.router_failover import ReplicaFailover
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +83,7 @@ async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
     await refresh_replica(replica.workers, version)
 
 
-class LaminarRouter:
+class LaminarRouter(ReplicaFailover):
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
                  not_yet_s: float = 120.0, relays: Optional[dict] = None,
@@ -96,7 +104,11 @@ class LaminarRouter:
         self._inflight = {rid: 0 for rid in self._replicas}
         self._published: Optional[int] = None
         self._tasks: set[asyncio.Task] = set()
-        self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": []}
+        self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": [],
+                                         "failures": []}
+        self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
+        self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
+        self._probe_timeout_s = 10.0
         self._rollout_wait_s = 0.0
         self._refreshes = 0
         self._error: Optional[BaseException] = None
@@ -151,6 +163,7 @@ class LaminarRouter:
         return {"versions": self.versions(), "published": self._published, "queued": len(self._queue),
                 "inflight": dict(self._inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
                 "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas},
+                "dead": sorted(r.replica_id for r in self._state.replicas if not r.alive),
                 "repack": self._rounds.metrics.as_dict() if self._rounds else {}}
 
     # ---- agent-loop side ----
@@ -171,6 +184,9 @@ class LaminarRouter:
         return await fut
 
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
+        if group_id in self._lost:
+            raise ReplicaLost(f"group {group_id!r} (version {version}) was on a replica that died, and no live "
+                              "replica serves that version; verl fails the group and refills the batch")
         a = route(self._state, group_id)  # raises if the replica no longer serves the group's version
         if a.version != version:
             raise RoutingError(f"request {request_id} of group {group_id!r} carries version {version}, "
@@ -209,6 +225,8 @@ class LaminarRouter:
     async def finish_group(self, group_id: str) -> None:
         self._state, ended = finish_group(self._state, group_id)
         self._group_n.pop(group_id, None)
+        self._lost.discard(group_id)
+        self._assigned_s.pop(group_id, None)
         self._validate.discard(group_id)
         if ended:
             self._pump()
@@ -335,6 +353,7 @@ class LaminarRouter:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         for a in plan.assignments:
+            self._assigned_s[a.group_id] = self._clock()
             if a.group_id not in self._validate:
                 for i in range(self._group_n[a.group_id]):
                     self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
@@ -366,6 +385,12 @@ class LaminarRouter:
             await self._wait_readable(d.replica_id, d.to_version)
             await self._refresher(self._replicas[d.replica_id], d.to_version)
         except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
+            if not self._state.replica(d.replica_id).alive or not await self._alive(d.replica_id):
+                # the replica died while loading: it is failed over like any dead replica, dispatch goes on
+                logger.error("refresh of replica %d to version %d failed: the replica is dead (%r)",
+                             d.replica_id, d.to_version, e)
+                self._fail(d.replica_id, f"died while loading version {d.to_version}: {e!r}")
+                return
             self._state = abandon_refresh(self._state, d.replica_id)
             logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
             self._error = e
@@ -375,6 +400,8 @@ class LaminarRouter:
             self._waiters.clear()
             return
         t1 = self._clock()
+        if not self._state.replica(d.replica_id).alive:
+            return  # it was failed over while loading (its refreshing_to was cleared then)
         self._state = complete_refresh(self._state, d.replica_id, d.to_version)
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +41,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.accounting = Accounting()
         self.router = None
         self.relay_group = None
+        self._replicas: list = []
+        self._ft = {"failures": 0, "moved": 0, "lost": 0}  # replica failover, cumulative (laminar/ft/*)
         super().__init__(config)
 
     # ---- construction ----
@@ -66,6 +67,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])
         replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
+        self._replicas = replicas
+        kill = self.laminar.fault_injection.kill_replica
+        if kill is not None and kill not in {r.replica_id for r in replicas}:
+            raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
+                             f"{sorted(r.replica_id for r in replicas)}")
         from verl_laminar.platform.cpu import cpu_platform_requested
 
         if self.laminar.cpu_priority and cpu_platform_requested():
@@ -81,6 +87,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         ray.kill(default)
         logger.info("laminar: %d standalone replicas, %d groups per replica batch, repack %s", len(replicas), gpb,
                     repack or "off")
+        # verl's vLLM server answers a request only when it ends, so there is nothing to stream: the
+        # partial-response pool and heartbeats serve the fault-tolerant runtime (verl_laminar.ft); here a dead
+        # replica is found by its failed requests and its groups restart from the prompt on their version
+        logger.info("laminar: replica failover on (a dead replica's groups move to a live replica of their "
+                    "version); laminar.pool and laminar.heartbeat apply to verl_laminar.ft, not to this trainer")
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
@@ -110,6 +121,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             self._stop_rollout_profiling()
         self._pending_sync_metrics = self._publish(int(self.global_steps))
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
+        fi = self.laminar.fault_injection
+        if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
+            runtime.kill_replica(next(r for r in self._replicas if r.replica_id == fi.kill_replica))
 
     # ---- waits and accounting ----
     def on_sample_begin(self) -> None:
@@ -133,6 +147,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             ledger.finish(TrajectoryRecord(e["key"], e["group_id"], e["replica_id"], e["version"],
                                            min(start, e["finish_s"]), e["finish_s"], e["prompt_tokens"],
                                            e["response_tokens"], e["n"]))
+        for f in events["failures"]:
+            self._ft["failures"] += 1
+            self._ft["moved"] += len(f["moved"])
+            self._ft["lost"] += len(f["lost"])
+            for group_id, n in f["lost"]:
+                # verl fails the group and refills the batch: its trajectories are dropped, not lost
+                for i in range(n):
+                    ledger.discard(f"{group_id}_{i}", f"replica {f['replica_id']} died")
+            logger.error("laminar: replica %d died (%s); groups moved %s, lost %s", f["replica_id"], f["error"],
+                         f["moved"], f["lost"])
         for replica_id, version, t in events["versions"]:
             self.accounting.replicas.record(replica_id, version, t)
             logger.info("laminar: replica %d loaded version %d", replica_id, version)
@@ -152,6 +176,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                      stats.discarded_groups))
         out[lm.INVARIANT_CHECKED] = float(self.replay_buffer.checked_trajectories)
         out.update(snap_router["repack"])
+        out.update({lm.FT_REPLICA_FAILURES: float(self._ft["failures"]), lm.FT_GROUPS_MOVED: float(self._ft["moved"]),
+                    lm.FT_GROUPS_LOST: float(self._ft["lost"]),
+                    lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,

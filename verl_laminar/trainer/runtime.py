@@ -128,6 +128,29 @@ def _pid_of(actor: Any) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda self: current_pid())))
 
 
+def kill_replica(replica: Any) -> list[int]:
+    """Fault injection (``laminar.fault_injection``): SIGKILL a replica as a machine loss would, its server
+    actor, its workers and every process they started (vLLM's engine core); returns the PIDs killed."""
+    import signal
+
+    import psutil
+
+    roots = [_pid_of(replica.server)] + [_pid_of(w) for w in replica.workers]
+    pids: list[int] = []
+    for pid in roots:
+        try:
+            pids += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    for pid in dict.fromkeys(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    logger.warning("laminar.fault_injection: killed replica %d (SIGKILL of PIDs %s)", replica.replica_id, pids)
+    return pids
+
+
 def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     """Rollouts at nice 19, trainer ranks at nice 0 (when permitted): on a shared CPU host, generation then
     fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""

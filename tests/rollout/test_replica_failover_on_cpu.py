@@ -1,0 +1,167 @@
+"""A replica dies under the router (verl's path): the pinned client reports the actor error, the router
+probes and fails the replica over; a group moves to a live replica of its version and its requests run again
+there, or, with no such replica, its requests raise ReplicaLost. Fake servers fail like dead Ray actors."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+from ray.exceptions import ActorDiedError, RayActorError
+
+from laminar_testing import ActorShell
+from verl_laminar.policy.replica_loss import ReplicaLost
+from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
+from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+
+
+class MortalServer:
+    """Answers after ``delay_s``; once ``die()``d, every call (requests in progress included) raises as a
+    dead actor's does. ``hiccup`` makes the next request fail with an actor error while the server lives."""
+
+    def __init__(self, rid: int, delay_s: float = 0.05) -> None:
+        self.rid, self.version, self.delay_s = rid, -1, delay_s
+        self.dead, self.hiccup, self.served = False, False, []
+        self.started = asyncio.Event()
+
+    def die(self) -> None:
+        self.dead = True
+
+    async def __ray_ready__(self) -> bool:
+        if self.dead:
+            raise ActorDiedError()
+        return True
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.started.set()
+        if self.hiccup:
+            self.hiccup = False
+            raise RayActorError()
+        t = 0.0
+        while t < self.delay_s:
+            if self.dead:
+                raise ActorDiedError()
+            await asyncio.sleep(0.005)
+            t += 0.005
+        if self.dead:
+            raise ActorDiedError()
+        self.served.append(tuple(prompt_ids))
+        return SimpleNamespace(token_ids=[7], extra_fields={"global_steps": self.version})
+
+
+def _config():
+    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+
+
+async def _setup(n: int, gpb: int = 2):
+    servers = {i: MortalServer(i) for i in range(n)}
+    loads = []
+
+    async def refresher(replica, version):
+        if servers[replica.replica_id].dead:
+            raise ActorDiedError()
+        servers[replica.replica_id].version = version
+        loads.append((replica.replica_id, version))
+
+    router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(n)], gpb,
+                           refresher=refresher)
+    router._probe_timeout_s = 1.0
+    await router.start(0)
+    client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
+    return router, servers, client, loads
+
+
+async def _group(router, client, gid: str, n: int = 2):
+    pin = await router.assign_group(gid, n)
+    GROUP_PIN.set(pin)
+    try:
+        outs = await asyncio.gather(*[asyncio.create_task(
+            client.generate(f"{gid}-{s}", prompt_ids=[gid, s], sampling_params={})) for s in range(n)])
+    finally:
+        await router.finish_group(gid)
+    return pin, outs
+
+
+def test_a_dead_replicas_group_moves_to_a_live_replica_of_its_version_and_reruns_there():
+    async def main():
+        router, servers, client, loads = await _setup(3, gpb=1)
+        work = asyncio.gather(*[asyncio.create_task(_group(router, client, g)) for g in ("ga", "gb", "gc")])
+        await asyncio.sleep(0.02)
+        victim = router._state.pins["ga"].replica_id
+        servers[victim].die()
+        results = await work
+        for pin, outs in results:
+            assert {o.extra_fields["global_steps"] for o in outs} == {0}  # every response on the group's version
+        assert all(s.served == [] for s in [servers[victim]])
+        ga_prompts = {("ga", 0), ("ga", 1)}
+        assert ga_prompts <= {p for r, s in servers.items() if r != victim for p in s.served}
+        ev = router.drain_events()["failures"]
+        assert [(e["replica_id"], e["lost"]) for e in ev] == [(victim, [])]
+        assert [g for g, _ in ev[0]["moved"]] == ["ga"]
+        # the dead replica loads nothing more, takes nothing more; the others go on
+        await router.on_publish(1)
+        await asyncio.sleep(0.05)
+        assert victim not in {r for r, v in loads if v == 1}
+        pin, outs = await _group(router, client, "gd")
+        assert pin.replica_id != victim and pin.version == 1
+        assert router.snapshot()["dead"] == [victim]
+
+    asyncio.run(main())
+
+
+def test_with_no_live_replica_on_its_version_the_group_is_lost_loudly():
+    async def main():
+        router, servers, client, loads = await _setup(2, gpb=1)
+        pin = await router.assign_group("ga", 2)
+        await router.on_publish(1)  # replica 1 (idle) moves on to version 1; ga keeps replica 0 on version 0
+        while router.versions()[1 - pin.replica_id] != 1:
+            await asyncio.sleep(0.01)
+        GROUP_PIN.set(pin)
+        req = asyncio.create_task(client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={}))
+        await servers[pin.replica_id].started.wait()
+        servers[pin.replica_id].die()
+        with pytest.raises(ReplicaLost, match="no live replica serves version 0"):
+            await req
+        # the group's other requests fail the same way, at once (no retry on another version)
+        with pytest.raises(ReplicaLost):
+            await client.generate("ga-1", prompt_ids=["ga", 1], sampling_params={})
+        await router.finish_group("ga")
+        ev = router.drain_events()["failures"]
+        assert ev[0]["lost"] == [("ga", 2)] and ev[0]["moved"] == []
+        pin2, outs = await _group(router, client, "gb")
+        assert pin2.replica_id == 1 - pin.replica_id and {o.extra_fields["global_steps"] for o in outs} == {1}
+
+    asyncio.run(main())
+
+
+def test_an_actor_error_from_a_live_replica_is_raised_not_failed_over():
+    async def main():
+        router, servers, client, _ = await _setup(2, gpb=1)
+        pin = await router.assign_group("ga", 1)
+        GROUP_PIN.set(pin)
+        servers[pin.replica_id].hiccup = True
+        with pytest.raises(RayActorError):
+            await client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={})
+        assert router.snapshot()["dead"] == [] and router.drain_events()["failures"] == []
+
+    asyncio.run(main())
+
+
+def test_a_replica_dying_while_it_loads_is_failed_over_and_dispatch_goes_on():
+    async def main():
+        router, servers, client, loads = await _setup(2, gpb=1)
+        servers[0].die()
+        await router.on_publish(1)  # replica 0's load fails: it is dead, not a reason to stop
+        while router.versions()[1] != 1:
+            await asyncio.sleep(0.01)
+        assert router.snapshot()["dead"] == [0]
+        pin, outs = await _group(router, client, "ga")
+        assert pin.replica_id == 1
+        servers[1].die()
+        await router.on_publish(2)
+        with pytest.raises(RuntimeError, match="every rollout replica is dead"):
+            await asyncio.wait_for(router.assign_group("gb", 1), 5)
+
+    asyncio.run(main())

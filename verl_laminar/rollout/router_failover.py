@@ -1,0 +1,74 @@
+"""The router's replica failover: a replica reported dead is probed, marked dead and its groups moved.
+
+Mixed into ``rollout.router.LaminarRouter`` (it uses the router's dispatch state, group sizes, in-flight
+counts, events and waiters). Dataflow:
+    pinned client: a request fails with a Ray actor error -> replica_failed(group, version, error)
+        -> the group's replica answers a probe?   yes: "alive" (the error was something else; it is raised)
+        -> no: _fail(replica) -> policy.replica_loss.fail_replica: mark dead, move its open groups to live
+           replicas of their version (restart from the prompt there), the rest are lost -> "moved" / "lost"
+    router: a refresh fails and the replica does not answer a probe -> _fail(replica); dispatch goes on
+Once no replica is alive the router stops with an error: nothing can generate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from verl_laminar.policy.dispatch import RoutingError
+from verl_laminar.policy.replica_loss import fail_replica
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaFailover:
+    async def replica_failed(self, group_id: str, version: int, error: str) -> str:
+        """A request of ``group_id`` failed with an actor error. Returns "moved" (retry: the group is on a
+        live replica of its version), "lost" (no live replica serves it) or "alive" (the replica answers a
+        probe, so the error was not its death: the caller raises it)."""
+        if group_id in self._lost:
+            return "lost"
+        a = self._state.pins.get(group_id)
+        if a is None:
+            raise RoutingError(f"replica_failed for group {group_id!r}, which is not assigned")
+        if a.version != version:
+            raise RoutingError(f"replica_failed for group {group_id!r} with version {version}, but the group is "
+                               f"pinned to {a.version}")
+        if self._state.replica(a.replica_id).alive:
+            if await self._alive(a.replica_id):
+                return "alive"
+            self._fail(a.replica_id, error)
+        return "lost" if group_id in self._lost else "moved"
+
+    async def _alive(self, replica_id: int) -> bool:
+        """A dead actor fails any call at once; a hung one does not answer within the timeout."""
+        import ray
+
+        try:
+            await asyncio.wait_for(self._replicas[replica_id].server.__ray_ready__.remote(), self._probe_timeout_s)
+            return True
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as e:
+            logger.warning("replica %d does not answer a probe: %r", replica_id, e)
+            return False
+
+    def _fail(self, replica_id: int, error: str) -> None:
+        """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
+        if not self._state.replica(replica_id).alive:
+            return
+        self._state, loss = fail_replica(self._state, replica_id, self._group_n, self._assigned_s,
+                                         self._inflight, self._clock())
+        self._lost.update(loss.lost)
+        self._inflight[replica_id] = 0
+        self._requests[replica_id].clear()
+        self._events["failures"].append({"replica_id": replica_id, "t": self._clock(), "error": error,
+                                         "moved": [list(m) for m in loss.moved],
+                                         "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost]})
+        logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s",
+                     replica_id, error, len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost))
+        if not any(r.alive for r in self._state.replicas):
+            self._error = RuntimeError(f"every rollout replica is dead (the last: {replica_id}, {error})")
+            for fut in self._waiters.values():
+                if not fut.done():
+                    fut.set_exception(self._error)
+            self._waiters.clear()
+        self._pump()
