@@ -97,3 +97,31 @@ def test_group_size_is_checked_against_rollout_n():
     with pytest.raises(InvariantViolation, match="expected rollout.n=2"):
         trajectories_of_group("u", part, rollout_n=2)
     assert [t.key for t in trajectories_of_group("u", part)] == ["u_0"]
+
+
+def test_resumed_checkpoint_finished_groups_enter_the_ledger_and_train_once():
+    """verl's resume restores TransferQueue: finished groups stay, running ones are re-issued by verl. The
+    restored finished trajectories enter the ledger (this process's router never saw them start)."""
+    from verl_laminar.buffer.replay import restored_records
+    from verl_laminar.policy.accounting import Ledger
+
+    tq = FakeTQ()
+    tq.prompt("a", "finished")
+    tq.outputs("a", [(1, 1), (1, 1)])
+    tq.prompt("b", "running")  # re-issued by verl, not adopted
+    tq.outputs("b", [(2, 2)])
+    tq.data["train"]["a_0_0"].update(prompt_len=7, response_len=11)
+    recs = restored_records(tq.kv_list()["train"], rollout_n=2, n_now=2, t=5.0)
+    assert [(r.key, r.group_id, r.version, r.trainer_version_at_finish) for r in recs] == [
+        ("a_0", "a", 1, 2), ("a_1", "a", 1, 2)]
+    assert (recs[0].prompt_tokens, recs[0].response_tokens, recs[0].staleness) == (7, 11, 1)
+    ledger = Ledger()
+    for r in recs:
+        ledger.finish(r)
+    assert [r.key for r in ledger.trained(["a_0", "a_1"], step=3)] == ["a_0", "a_1"]
+    with pytest.raises(InvariantViolation, match="trained at step 3 and again"):
+        ledger.trained(["a_0"], step=4)
+    tq.outputs("c", [(1, 1), (1, 2)])  # a mixed-version trajectory in a restored group still raises
+    tq.prompt("c", "finished")
+    with pytest.raises(InvariantViolation):
+        restored_records(tq.kv_list()["train"], rollout_n=2, n_now=2, t=5.0)

@@ -70,6 +70,7 @@ BAD_VALUES = [
     ({"repack": "fast"}, "laminar.repack='fast': must be a mapping of options"),
     ({"fault_injection.kill_replica": -1}, "laminar.fault_injection.kill_replica=-1: must be null (no fault) or"),
     ({"fault_injection.kill_after_step": 0}, "laminar.fault_injection.kill_after_step=0: must be a training step"),
+    ({"fault_injection.kill_trainer_after_step": 0}, "laminar.fault_injection.kill_trainer_after_step=0: must be null"),
 ]
 
 

@@ -48,6 +48,28 @@ def trajectories_of_group(uid: str, partition: dict[str, dict], rollout_n: Optio
             for k, v in sorted(labels.items())]
 
 
+def restored_records(partition: dict[str, dict], rollout_n: Optional[int], n_now: int, t: float) -> list:
+    """The finished groups of a TransferQueue partition restored from a verl checkpoint, as ledger records.
+
+    verl's resume keeps finished trajectories (and re-issues pending/running prompts); this process's router
+    never saw them start, so the ledger adopts them here or training them would count as an unknown
+    trajectory. Each keeps its generating version from its tags; its replica is unknown (-1) and it counts
+    as finished at ``n_now``, the restored step."""
+    from verl_laminar.policy.accounting import TrajectoryRecord
+
+    out = []
+    for uid, tag in sorted(partition.items()):
+        if not tag.get("is_prompt") or tag.get("status") != "finished":
+            continue
+        for traj in trajectories_of_group(uid, partition, rollout_n):
+            outs = [partition[k] for k in sorted(partition) if k.startswith(traj.key + "_")]
+            prompt = int(outs[-1].get("prompt_len") or 0)
+            response = int(outs[-1].get("response_len") or 0)
+            out.append(TrajectoryRecord(traj.key, uid, -1, traj.version, t, t, prompt, response,
+                                        max(n_now, traj.version)))
+    return out
+
+
 class LaminarReplayBuffer(ReplayBufferAsync):
     def __init__(self, *args: Any, rollout_n: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -140,13 +140,19 @@ class HeartbeatConfig(_Section):
 
 @dataclass(frozen=True)
 class FaultInjectionConfig(_Section):
-    """Testing only: SIGKILL one rollout replica's processes mid-run, to exercise replica failover."""
+    """Testing only: SIGKILL a rollout replica's processes (replica failover) or the trainer's process (restart
+    from verl's checkpoint) mid-run."""
 
     PATH: ClassVar[str] = f"{ROOT}.fault_injection"
     kill_replica: Optional[int] = None
     kill_after_step: int = 1
+    kill_trainer_after_step: Optional[int] = None
 
     def __post_init__(self) -> None:
+        self._require("kill_trainer_after_step", self.kill_trainer_after_step is None or
+                      self.kill_trainer_after_step >= 1,
+                      "must be null (no fault) or a training step >= 1 (the trainer dies after that step's "
+                      "checkpoint and publication)")
         self._require("kill_replica", self.kill_replica is None or self.kill_replica >= 0,
                       "must be null (no fault) or the rank of a rollout replica (>= 0)")
         self._require("kill_after_step", self.kill_after_step >= 1,

@@ -112,6 +112,23 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._publish(version)
         versions = ray.get(self.router.start.remote(version))
         logger.info("laminar: every replica loaded version %d: %s", version, versions)
+        if getattr(self, "_restored_tq_prompt_count", 0):
+            self._adopt_restored()
+
+    def _adopt_restored(self) -> None:
+        """Resumed from a verl checkpoint: its finished, untrained trajectories enter the ledger (verl
+        re-issues the pending and running prompts itself, through the router)."""
+        from transfer_queue import kv_list
+
+        from verl_laminar.buffer.replay import restored_records
+
+        items = (kv_list("train") or {}).get("train", {})
+        records = restored_records(items, int(self.config.actor_rollout_ref.rollout.n), int(self.global_steps),
+                                   time.monotonic())
+        for rec in records:
+            self.accounting.ledger.finish(rec)
+        logger.info("laminar: resumed at step %d; %d finished trajectories restored from the checkpoint adopted",
+                    self.global_steps, len(records))
 
     def on_train_begin(self) -> None:
         self._add_async_warmup_batches(OmegaConf.select(self.config, runtime.WARMUP_KEY))
@@ -124,6 +141,13 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         fi = self.laminar.fault_injection
         if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
             runtime.kill_replica(next(r for r in self._replicas if r.replica_id == fi.kill_replica))
+        if fi.kill_trainer_after_step is not None and int(self.global_steps) == fi.kill_trainer_after_step:
+            import signal
+
+            logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step %d",
+                           os.getpid(), self.global_steps)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # ---- waits and accounting ----
     def on_sample_begin(self) -> None:
