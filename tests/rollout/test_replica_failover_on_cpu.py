@@ -165,3 +165,23 @@ def test_a_replica_dying_while_it_loads_is_failed_over_and_dispatch_goes_on():
             await asyncio.wait_for(router.assign_group("gb", 1), 5)
 
     asyncio.run(main())
+
+
+def test_a_failure_on_a_replica_the_group_already_left_is_judged_by_that_replica():
+    """Repack moved the group to replica 1 while its request on replica 0 was failing: replica 0 is the one
+    probed and failed over, and the request runs again where the group is now."""
+    from verl_laminar.policy.dispatch import move_group
+
+    async def main():
+        router, servers, client, _ = await _setup(2, gpb=1)
+        pin = await router.assign_group("ga", 1)
+        other = 1 - pin.replica_id
+        await _group(router, client, "gb", n=1)  # nothing open on `other` now; it stays on version 0
+        router._state = move_group(router._state, "ga", other)
+        servers[pin.replica_id].die()
+        assert await router.replica_failed("ga", 0, "ActorDiedError()", f"a{pin.replica_id}") == "moved"
+        assert router.snapshot()["dead"] == [pin.replica_id]
+        # the live replica answers: an actor error from it is not a death
+        assert await router.replica_failed("ga", 0, "RayActorError()", f"a{other}") == "alive"
+
+    asyncio.run(main())

@@ -11,7 +11,16 @@ from verl_laminar.policy.dispatch import RoutingError
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
 
 
+class _Ready:
+    """``server.__ray_ready__.remote()``: the router's liveness probe; these servers never die."""
+
+    def remote(self):
+        return asyncio.sleep(0, result=True)
+
+
 class FakeServer:
+    __ray_ready__ = _Ready()
+
     def __init__(self) -> None:
         self.version = -1
         self.inflight = 0

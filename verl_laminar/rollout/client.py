@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 GROUP_PIN: contextvars.ContextVar[Optional[Assignment]] = contextvars.ContextVar("laminar_group_pin", default=None)
 _VLLM_RID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("laminar_vllm_request_id", default=None)
+# the server the current request was sent to: set in _acquire_server, read when the request fails (an awaited
+# coroutine shares its caller's context, so the caller sees what _acquire_server set)
+_SERVER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("laminar_server_id", default=None)
 
 
 def check_label(pin: Assignment, output: Any, what: str) -> None:
@@ -66,7 +69,9 @@ class LaminarLLMServerClient(LLMServerClient):
                                "LaminarAgentLoopWorker._run_prompt (agent_loop_manager_class="
                                "verl_laminar.rollout.agent_loop.LaminarAgentLoopManager)")
         vid = _VLLM_RID.get() or request_id
-        return await self._load_balancer.acquire_pinned.remote(vid, pin.group_id, pin.version)
+        server_id, server = await self._load_balancer.acquire_pinned.remote(vid, pin.group_id, pin.version)
+        _SERVER.set(server_id)
+        return server_id, server
 
     def _vllm_request_id(self, request_id: str) -> str:
         return _VLLM_RID.get() or super()._vllm_request_id(request_id)
@@ -126,10 +131,15 @@ class LaminarLLMServerClient(LLMServerClient):
         """One request on the group's replica; if that replica died, again on the live replica of the same
         version the router moved the group to."""
         while True:
+            token = _SERVER.set(None)
             try:
                 return await self._one_piece(request_id, prompt_ids, params, piece=piece, **kwargs)
             except RayActorError as e:
-                outcome = await self._load_balancer.replica_failed.remote(pin.group_id, pin.version, repr(e))
+                server_id = _SERVER.get()
+                if server_id is None:
+                    raise  # not from a server call
+                outcome = await self._load_balancer.replica_failed.remote(pin.group_id, pin.version, repr(e),
+                                                                          server_id)
                 if outcome == "alive":
                     raise
                 if outcome == "lost":
@@ -137,6 +147,8 @@ class LaminarLLMServerClient(LLMServerClient):
                                       f"live replica serves version {pin.version}") from e
                 logger.warning("request %s of group %r: its replica died; running it again on the group's new "
                                "replica (version %d)", request_id, pin.group_id, pin.version)
+            finally:
+                _SERVER.reset(token)
 
     async def generate(self, request_id, *, prompt_ids: list, sampling_params: dict, **kwargs: Any):
         pin = GROUP_PIN.get()

@@ -265,6 +265,10 @@ class LaminarRouter(ReplicaFailover):
     def get_total_inflight(self) -> int:
         return sum(self._inflight.values())
 
+    def inflight_on(self, replica_id: int) -> int:
+        """Requests in flight on one replica (fault injection waits for some before a kill)."""
+        return self._inflight[replica_id]
+
     # ---- repack ----
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

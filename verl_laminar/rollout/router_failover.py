@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Optional
 
 from verl_laminar.policy.dispatch import RoutingError
 from verl_laminar.policy.replica_loss import fail_replica
@@ -22,10 +23,11 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicaFailover:
-    async def replica_failed(self, group_id: str, version: int, error: str) -> str:
-        """A request of ``group_id`` failed with an actor error. Returns "moved" (retry: the group is on a
-        live replica of its version), "lost" (no live replica serves it) or "alive" (the replica answers a
-        probe, so the error was not its death: the caller raises it)."""
+    async def replica_failed(self, group_id: str, version: int, error: str, server_id: Optional[str] = None) -> str:
+        """A request of ``group_id`` sent to ``server_id`` (default: the group's replica) failed with an actor
+        error. Returns "alive" (that replica answers a probe, so the error was not its death: the caller
+        raises it), "moved" (retry: the group is on a live replica of its version) or "lost" (none serves it).
+        The failed server is named by the caller because repack may have moved the group off it meanwhile."""
         if group_id in self._lost:
             return "lost"
         a = self._state.pins.get(group_id)
@@ -34,11 +36,14 @@ class ReplicaFailover:
         if a.version != version:
             raise RoutingError(f"replica_failed for group {group_id!r} with version {version}, but the group is "
                                f"pinned to {a.version}")
-        if self._state.replica(a.replica_id).alive:
-            if await self._alive(a.replica_id):
+        failed = a.replica_id if server_id is None else self._by_address[server_id]
+        if self._state.replica(failed).alive:
+            if await self._alive(failed):
                 return "alive"
-            self._fail(a.replica_id, error)
-        return "lost" if group_id in self._lost else "moved"
+            self._fail(failed, error)
+        if group_id in self._lost:
+            return "lost"
+        return "moved" if self._state.replica(self._state.pins[group_id].replica_id).alive else "lost"
 
     async def _alive(self, replica_id: int) -> bool:
         """A dead actor fails any call at once; a hung one does not answer within the timeout."""

@@ -140,7 +140,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
         fi = self.laminar.fault_injection
         if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
-            runtime.kill_replica(next(r for r in self._replicas if r.replica_id == fi.kill_replica))
+            self._kill_replica_mid_generation(fi.kill_replica)
         if fi.kill_trainer_after_step is not None and int(self.global_steps) == fi.kill_trainer_after_step:
             import signal
 
@@ -148,6 +148,18 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                            os.getpid(), self.global_steps)
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _kill_replica_mid_generation(self, replica_id: int, wait_s: float = 60.0) -> None:
+        """Fault injection: wait (up to ``wait_s``) until the replica has requests in flight, then kill it, so
+        the kill strikes mid-generation rather than between two of its batches."""
+        deadline = time.monotonic() + wait_s
+        while ray.get(self.router.inflight_on.remote(replica_id)) == 0:
+            if time.monotonic() > deadline:
+                logger.warning("laminar.fault_injection: replica %d had no request in flight for %.0f s; killing it "
+                               "anyway", replica_id, wait_s)
+                break
+            time.sleep(0.05)
+        runtime.kill_replica(next(r for r in self._replicas if r.replica_id == replica_id))
 
     # ---- waits and accounting ----
     def on_sample_begin(self) -> None:

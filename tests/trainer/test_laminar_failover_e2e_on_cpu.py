@@ -1,0 +1,65 @@
+"""`python -m verl.trainer.main_ppo ... +laminar=enabled` with a rollout replica killed mid-run (SIGKILL of its
+server, its workers and vLLM's engine core, after step 1 publishes, once it has requests in flight).
+
+Replica failover under verl's trainer: the dead replica's open groups move to the live replica when it serves
+their version (their requests run again there from the prompt) or are failed and refilled by verl; the run
+trains every step on the live replica, every trained trajectory from one version, nothing twice."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from laminar_testing import REPO
+from verl_laminar.bench.e2e_report import RunRecord
+
+pytestmark = pytest.mark.e2e  # ~6 min and ~10 GB on a 2-core host
+
+STEPS = 3
+KILLED = 1
+
+
+@pytest.fixture(scope="module")
+def failover_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpu_laminar_failover")
+    env = {**os.environ, "STEPS": str(STEPS), "REPLICAS": "2", "SKEW": "1", "RESP": "96", "MICRO": "4",
+           "OUT": str(out), "MODEL": str(tiny_model_dir), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
+                           f"laminar.fault_injection.kill_replica={KILLED}", "laminar.fault_injection.kill_after_step=1"],
+                          env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    log = proc.stdout + proc.stderr
+    (out / "log.txt").write_text(log)
+    assert proc.returncode == 0, log[-6000:]
+    return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+
+
+def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
+    log, run = failover_run
+    killed = re.findall(r"fault_injection: killed replica (\d+) \(SIGKILL of PIDs \[([\d, ]+)\]\)", log)
+    assert [int(r) for r, _ in killed] == [KILLED], killed
+    assert sorted(run.steps) == list(range(1, STEPS + 1))
+    assert "InvariantViolation" not in log
+    last = run.steps[STEPS]
+    assert last["laminar/ft/replica_failures"] == 1
+    # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
+    assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
+    assert last["laminar/ft/live_replicas"] == 1
+    assert last["laminar/trajectories/trained"] == STEPS * 8 * 4  # whole groups, nothing trained twice
+    assert last["laminar/invariant/checked_trajectories"] >= last["laminar/trajectories/trained"]
+    # lost groups were dropped on purpose (failed by verl, refilled): their trajectories count as discarded
+    assert last["laminar/trajectories/discarded"] == 4 * last["laminar/ft/groups_lost"]
+    for step, m in run.steps.items():
+        assert m["training/off_policy/trajectory_spans/max"] == 1, step  # one version per trajectory
+
+
+def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
+    log, _ = failover_run
+    loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
+    # killed after step 1 published version 1: it never serves version 1 or later; the live one goes on
+    assert [v for r, v in loads if r == KILLED] == [0], loads
+    assert max(v for r, v in loads if r == 1 - KILLED) >= 2, loads
+    failures = re.findall(r"laminar: replica (\d+) died \(", log)
+    assert [int(f) for f in failures] == [KILLED], failures
