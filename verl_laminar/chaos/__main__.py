@@ -208,7 +208,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3,garbage=1",
                     help="how many of each fault kind: rollout (SIGKILL a replica), relay, master_relay, pool, "
                          "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
-    # A step is ~15 s here and its size follows the skewed response lengths (200-480 tokens), so a 35 s window
+    # A step is ~15 s here and its size follows the skewed response lengths (200-480 tokens), so a 30 s window
     # holds two steps and strays up to 30% from the long-run rate with no fault at all; 90 s windows stray
     # about 13%, which leaves the 20% recovery target something to measure.
     ap.add_argument("--gap-min-s", type=float, default=90.0, help="seconds from one recovery to the next kill")

@@ -16,14 +16,14 @@ Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``
                        prompt + partial response (same version, remaining budget)
 
 A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
+It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
+``acquire_server`` without a pin raises, because an unpinned request could run on any version.
 
 A replica dies (its actor fails a request, or a refresh): the pinned client reports it
 (``replica_failed``); the router checks the server is really gone (a probe call), marks it dead (it takes and
 loads nothing more) and moves its open groups to live replicas of the same version
 (``policy.replica_loss``); their requests restart there from the prompt. A group no live replica can keep at
 its version is lost: its requests raise ``ReplicaLost``, verl fails the group and refills the batch.
-It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
-``acquire_server`` without a pin raises, because an unpinned request could run on any version.
 """
 
 from __future__ import annotations

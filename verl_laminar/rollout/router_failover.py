@@ -67,7 +67,10 @@ class ReplicaFailover:
         self._requests[replica_id].clear()
         self._events["failures"].append({"replica_id": replica_id, "t": self._clock(), "error": error,
                                          "moved": [list(m) for m in loss.moved],
-                                         "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost]})
+                                         # validation groups are not in the trainer's ledger: listed apart
+                                         "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost
+                                                  if g not in self._validate],
+                                         "lost_validation": [g for g in loss.lost if g in self._validate]})
         logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s",
                      replica_id, error, len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost))
         if not any(r.alive for r in self._state.replicas):

@@ -88,10 +88,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         logger.info("laminar: %d standalone replicas, %d groups per replica batch, repack %s", len(replicas), gpb,
                     repack or "off")
         # verl's vLLM server answers a request only when it ends, so there is nothing to stream: the
-        # partial-response pool and heartbeats serve the fault-tolerant runtime (verl_laminar.ft); here a dead
-        # replica is found by its failed requests and its groups restart from the prompt on their version
+        # partial-response pool and heartbeats serve the fault-tolerant runtime (verl_laminar.ft, its own
+        # flags); here a dead replica is found by its failed requests and its groups restart from the prompt
         logger.info("laminar: replica failover on (a dead replica's groups move to a live replica of their "
-                    "version); laminar.pool and laminar.heartbeat apply to verl_laminar.ft, not to this trainer")
+                    "version); laminar.pool and laminar.heartbeat are not used by this trainer (no streaming "
+                    "generate to feed the pool)")
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
