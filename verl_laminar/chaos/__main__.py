@@ -209,7 +209,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="how many of each fault kind: rollout (SIGKILL a replica), relay, master_relay, pool, "
                          "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
     # A step is ~15 s here and its size follows the skewed response lengths (200-480 tokens), so a 30 s window
-    # holds two steps and strays up to 30% from the long-run rate with no fault at all; 90 s windows stray
+    # holds two steps and strays up to 28% from the long-run rate with no fault at all; 90 s windows stray
     # about 13%, which leaves the 20% recovery target something to measure.
     ap.add_argument("--gap-min-s", type=float, default=90.0, help="seconds from one recovery to the next kill")
     ap.add_argument("--gap-max-s", type=float, default=120.0)
