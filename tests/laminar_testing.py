@@ -43,3 +43,14 @@ class ActorShell:
             return fn(*a, **k)
 
         return _Remote(call)
+
+
+def run_cpu_laminar(out: Path, model: Path, *overrides: str, steps: int = 3, resp: int = 96,
+                    timeout: int = 1800) -> tuple[int, str]:
+    """``recipes/cpu/run_laminar_grpo.sh`` on the skewed workload with 2 replicas, extra Hydra overrides;
+    returns (exit status, stdout + stderr)."""
+    env = {**os.environ, "STEPS": str(steps), "REPLICAS": "2", "SKEW": "1", "RESP": str(resp), "MICRO": "4",
+           "OUT": str(out), "MODEL": str(model), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"), *overrides], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return proc.returncode, proc.stdout + proc.stderr

@@ -7,13 +7,11 @@ trains every step on the live replica, every trained trajectory from one version
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 
-from laminar_testing import REPO
+from laminar_testing import run_cpu_laminar
 from verl_laminar.bench.e2e_report import RunRecord
 
 pytestmark = pytest.mark.e2e  # ~6 min and ~10 GB on a 2-core host
@@ -25,14 +23,10 @@ KILLED = 1
 @pytest.fixture(scope="module")
 def failover_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_laminar_failover")
-    env = {**os.environ, "STEPS": str(STEPS), "REPLICAS": "2", "SKEW": "1", "RESP": "96", "MICRO": "4",
-           "OUT": str(out), "MODEL": str(tiny_model_dir), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
-                           f"laminar.fault_injection.kill_replica={KILLED}", "laminar.fault_injection.kill_after_step=1"],
-                          env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    log = proc.stdout + proc.stderr
+    rc, log = run_cpu_laminar(out, tiny_model_dir, f"laminar.fault_injection.kill_replica={KILLED}",
+                              "laminar.fault_injection.kill_after_step=1", steps=STEPS)
     (out / "log.txt").write_text(log)
-    assert proc.returncode == 0, log[-6000:]
+    assert rc == 0, log[-6000:]
     return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
 
 

@@ -9,13 +9,11 @@ with the job; see docs/fault_tolerance.md."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 
-from laminar_testing import REPO
+from laminar_testing import run_cpu_laminar
 from verl_laminar.bench.e2e_report import RunRecord
 
 pytestmark = pytest.mark.e2e  # two runs, ~8 min and ~10 GB on a 2-core host
@@ -25,12 +23,8 @@ KILL_AFTER = 2
 
 
 def _run(out, model, *overrides):
-    env = {**os.environ, "STEPS": str(STEPS), "REPLICAS": "2", "SKEW": "1", "RESP": "64", "MICRO": "4",
-           "OUT": str(out), "MODEL": str(model), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"), "trainer.save_freq=1",
-                           "trainer.resume_mode=auto", *overrides],
-                          env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    return proc.returncode, proc.stdout + proc.stderr
+    return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.resume_mode=auto", *overrides,
+                           steps=STEPS, resp=64)
 
 
 @pytest.fixture(scope="module")
