@@ -52,8 +52,9 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
 def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
     log, _ = failover_run
     loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
-    # killed after step 1 published version 1: it never serves version 1 or later; the live one goes on
-    assert [v for r, v in loads if r == KILLED] == [0], loads
+    # killed after step 1 published version 1 and before step 2 could publish (the trainer waits for the
+    # kill): it may have loaded version 1 first, never a later one; the live one goes on
+    assert max(v for r, v in loads if r == KILLED) <= 1, loads
     assert max(v for r, v in loads if r == 1 - KILLED) >= 2, loads
     failures = re.findall(r"laminar: replica (\d+) died \(", log)
     assert [int(f) for f in failures] == [KILLED], failures
