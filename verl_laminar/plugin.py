@@ -44,9 +44,10 @@ def _register_cpu_platform() -> str:
     from verl_laminar.patches import apply_patch
     from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
     from verl_laminar.patches.cpu_runtime import FSDP_ENGINES, GLOO_PROCESS_GROUP
+    from verl_laminar.patches.vllm_reload import VLLM_LAYERWISE_RELOAD
     from verl_laminar.platform.vllm_dist import check as check_vllm_dist
 
-    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS):
+    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD):
         apply_patch(patch)
     check_vllm_dist()
     return "active"
