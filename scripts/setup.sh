@@ -9,9 +9,22 @@ PY=${PYTHON:-python3}
 stamp="$VENV/.laminar-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 
-if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null 2>&1; then
-  # The code sandbox (tool-calling recipe) isolates untrusted code with bubblewrap.
-  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: could not install bubblewrap" >&2
+# System tools the tests need: bubblewrap (the code sandbox isolates untrusted code with it) and iproute2 (the
+# relay testbed's network namespaces and tc links). As root they are installed, and a failed install stops setup:
+# under CI=true a test that skips for a missing tool fails anyway, so fail here with the actual cause.
+if [ "$(id -u)" = 0 ]; then
+  need=()
+  command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+  { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
+  if [ "${#need[@]}" -gt 0 ]; then
+    if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null 2>&1; then
+      echo "setup: could not install ${need[*]} with apt-get (run: apt-get update && apt-get install -y ${need[*]})" >&2
+      exit 1
+    fi
+  fi
+  command -v bwrap >/dev/null 2>&1 || { echo "setup: bubblewrap is still missing after apt-get install" >&2; exit 1; }
+elif ! command -v bwrap >/dev/null 2>&1; then
+  echo "setup: warning: bubblewrap missing and not root; sandbox tests will skip (fail under CI=true)" >&2
 fi
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import verl_laminar, verl, vllm" 2>/dev/null; then

@@ -70,6 +70,15 @@ def _register_relay_backend() -> str:
     return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
 
 
+def _register_weight_sync_guard() -> str:
+    # On every platform: verl's weight sender waits forever for a receiver that failed (GPU and CPU alike).
+    from verl_laminar.patches import apply_patch
+    from verl_laminar.patches.weight_sync_guard import WEIGHT_SYNC_FAIL_FAST
+
+    apply_patch(WEIGHT_SYNC_FAIL_FAST)
+    return "weight_sync_fail_fast (applied when verl imports its vLLM rollout)"
+
+
 def _register_laminar_trainer() -> str:
     # Deferred until verl imports its v1 trainers (what TaskRunnerV1 does before get_trainer_cls).
     from verl_laminar.trainer import install
@@ -81,6 +90,7 @@ def _register_laminar_trainer() -> str:
 _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
     ("platform:cpu", _register_cpu_platform),
     ("checkpoint_engine:laminar", _register_relay_backend),
+    ("patch:weight_sync_fail_fast", _register_weight_sync_guard),
     ("trainer:laminar", _register_laminar_trainer),
 ]
 

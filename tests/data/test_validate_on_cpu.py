@@ -192,21 +192,13 @@ def test_chat_token_counter_uses_the_generation_prompt():
     assert chat_token_counter(Tokenizer())([{"role": "user", "content": "a b"}]) == 5
 
 
-def _fixture_tokenizer_dir():
-    from verl_laminar.fixtures import model_dir
-
-    return model_dir()
-
-
-@pytest.mark.skipif(not (_fixture_tokenizer_dir() / "tokenizer.json").exists(),
-                    reason="tokenizer fixture not built: python -m verl_laminar.fixtures")
-def test_cli_measures_prompts_with_the_real_chat_template(tmp_path, caplog):
+def test_cli_measures_prompts_with_the_real_chat_template(tmp_path, caplog, tiny_model_dir):
     rows = make_rows(3, seed=3, split="train")
     rows[1]["prompt"] = [{"role": "user", "content": "What is 1 + 1? " * 200}]
     src = tmp_path / "in.parquet"
     pd.DataFrame(rows).to_parquet(src, index=False)
     out = tmp_path / "good.parquet"
-    args = [str(src), "--tokenizer", str(_fixture_tokenizer_dir()), "--max-prompt-length", "256", "--write-good", str(out)]
+    args = [str(src), "--tokenizer", str(tiny_model_dir), "--max-prompt-length", "256", "--write-good", str(out)]
     with caplog.at_level(logging.INFO, logger="verl_laminar.data.validate"):
         assert main(args) == 0
     assert "row #1" in caplog.text and "limit of 256" in caplog.text and "2 good rows, 1 bad" in caplog.text

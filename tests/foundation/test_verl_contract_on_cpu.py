@@ -102,6 +102,30 @@ def test_math_dapo_scorer_contract():
     assert default_compute_score("math_dapo", "Answer: 12", "12")["acc"] is True
 
 
-@pytest.mark.parametrize("module", ["verl.trainer.main_ppo", "transfer_queue"])
-def test_trainer_imports(module):
-    importlib.import_module(module)
+@pytest.mark.parametrize("module,attr", [("verl.trainer.main_ppo", "main"), ("transfer_queue", "init")])
+def test_trainer_imports(module, attr):
+    assert callable(getattr(importlib.import_module(module), attr))
+
+
+def test_weight_sync_patch_targets():
+    """What cpu_vllm_layerwise_reload and weight_sync_fail_fast wrap or call (verl's receiver and sender)."""
+    from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as bwt
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as ext
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
+    from vllm.model_executor.model_loader import reload
+
+    assert _params(ext.update_weights_from_ipc) == ["self", "peft_config", "base_sync_done", "use_shm"]
+    assert _params(ext._update_weights) == ["self", "weights", "peft_config", "base_sync_done"]
+    for name in ("_iter_all_models_with_config", "_get_zmq_handle"):
+        assert callable(getattr(ext, name))
+    assert _params(bwt.BucketedWeightReceiver.__init__) == ["self", "zmq_handle", "device", "use_shm"]
+    assert _params(bwt.BucketedWeightReceiver.receive_weights) == ["self", "on_bucket_received"]
+    assert "self.socket.recv()" in inspect.getsource(bwt.BucketedWeightSender.async_send_weights)
+    for name in ("_init_socket", "_cleanup"):
+        assert callable(getattr(bwt.BucketedWeightSender, name))
+    assert _params(ServerAdapter._execute_method)[:3] == ["self", "method", "non_block"]
+    assert _params(ServerAdapter.update_weights)[:3] == ["self", "weights", "global_steps"]
+    src = inspect.getsource(ServerAdapter.update_weights)
+    assert '"update_weights_from_ipc"' in src and "non_block=True" in src and "BucketedWeightSender(" in src
+    assert _params(reload.initialize_layerwise_reload) == ["model"]
+    assert "model_config" in inspect.signature(reload.finalize_layerwise_processing).parameters

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402
 
 from verl_laminar.ft import faults  # noqa: E402
 pytestmark = pytest.mark.e2e

@@ -3,9 +3,8 @@
 import os
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("verl")
+import torch
+import verl  # noqa: F401
 
 from verl_laminar.ft.verl_state import TRAINED_FILE, VerlPolicyState, step_dir  # noqa: E402
 

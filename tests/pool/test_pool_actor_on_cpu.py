@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def test_missing_flags_are_an_error():
 
 
 def test_plots_are_written(tmp_path):
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (a dev dependency)
     from verl_laminar.sim.plots import gantt_plot, staleness_plot, throughput_plot
 
     rows = [{"task": "math", "model": "7b", "gpus": g, "system": s, "throughput": x * g}

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +45,24 @@ VERIFIED_VLLM_VERSIONS = ("0.31.0",)
 
 class WeightLoadError(RuntimeError):
     """Loading synced weights into a vLLM worker failed; carries the first error, not the cleanup's."""
+
+
+class InjectedLoadFault(RuntimeError):
+    """Raised on purpose by ``LAMINAR_FAULT_WEIGHT_LOAD`` (fault injection for tests of the fail-fast path)."""
+
+
+_LOADS = [0]  # weight loads started in this process
+
+
+def maybe_inject_fault() -> None:
+    """``LAMINAR_FAULT_WEIGHT_LOAD=N``: the N-th weight load of every vLLM worker process fails (N >= 1)."""
+    raw = os.environ.get("LAMINAR_FAULT_WEIGHT_LOAD", "")
+    if not raw:
+        return
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"LAMINAR_FAULT_WEIGHT_LOAD={raw!r}: give the 1-based index of the load to fail")
+    if _LOADS[0] == int(raw):
+        raise InjectedLoadFault(f"injected failure of weight load {raw} (LAMINAR_FAULT_WEIGHT_LOAD)")
 
 
 def plain_weights(worker: Any, peft_config: Any, base_sync_done: bool) -> bool:
@@ -68,6 +87,7 @@ def load_buckets_layerwise(worker: Any, receive: Callable[[Callable], None], pef
         from vllm.model_executor.model_loader import reload as reload_api
     from verl.utils.vllm.patch import patch_vllm_moe_model_weight_loader
 
+    _LOADS[0] += 1
     models = list(worker._iter_all_models_with_config())
     for model, _ in models:
         patch_vllm_moe_model_weight_loader(model)  # what verl's own plain branch does before loading
@@ -79,6 +99,7 @@ def load_buckets_layerwise(worker: Any, receive: Callable[[Callable], None], pef
     def on_bucket(weights: list, is_last: bool) -> None:
         buckets[0] += 1
         try:
+            maybe_inject_fault()
             owned = [(name, tensor.clone()) for name, tensor in weights]
             worker._update_weights(owned, peft_config=peft_config, base_sync_done=base_sync_done)
         except BaseException as exc:
