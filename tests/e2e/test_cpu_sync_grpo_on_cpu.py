@@ -21,7 +21,7 @@ import pytest
 from laminar_testing import REPO
 from verl_laminar.bench.e2e_report import parse_step_line
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # timeout: the run plus its checks
 
 
 def _metrics_by_step(log: str) -> dict[int, dict[str, float]]:

@@ -21,7 +21,7 @@ import pytest
 import ray  # noqa: E402
 
 from verl_laminar.ft import faults  # noqa: E402
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # timeout: the run plus its checks
 
 
 class Harness:

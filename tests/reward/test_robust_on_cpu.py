@@ -32,6 +32,12 @@ SCORERS = textwrap.dedent(
     def wrong_type(**kwargs):
         return "1.0"
 
+    def nan_score(**kwargs):
+        return {"score": float("nan"), "acc": False, "pred": ""}
+
+    def inf_score(**kwargs):
+        return float("-inf")
+
     def only_two(solution_str, ground_truth):
         return 1.0 if solution_str == ground_truth else -1.0
 
@@ -98,6 +104,13 @@ def test_hang_crash_and_bad_return_are_failures_and_the_worker_recovers(make, na
     second = scorer.score(**ROW)  # the replaced worker answers the next row
     assert second["reward_failed"] and reason in second["reward_error"]
     assert scorer.failures == 2
+
+
+@pytest.mark.parametrize("name, value", [("nan_score", "nan"), ("inf_score", "-inf")])
+def test_a_non_finite_score_is_a_failure_naming_the_row(make, name, value):
+    result = make(name).score(**ROW)
+    assert result["reward_failed"] and result["score"] == -1.0, result
+    assert f"non-finite score ({value})" in result["reward_error"] and "index=11" in result["reward_error"]
 
 
 def test_failures_carry_the_same_keys_as_successes(make):

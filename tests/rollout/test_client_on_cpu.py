@@ -26,11 +26,14 @@ class FakeServer:
         return SimpleNamespace(token_ids=[1], extra_fields={"global_steps": self.version})
 
 
-def _config():
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+def _config(tmp_path, vocab: int = 151936):
+    (tmp_path / "config.json").write_text(f'{{"vocab_size": {vocab}}}')  # the garbage check reads the model's vocab
+    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False,
+                                                               "response_length": 64, "prompt_length": 64},
+                                                   "model": {"path": str(tmp_path)}}})
 
 
-def test_multi_turn_groups_stay_on_their_pinned_replica():
+def test_multi_turn_groups_stay_on_their_pinned_replica(tmp_path):
     async def main():
         servers = {i: FakeServer(i, 0) for i in range(2)}
 
@@ -40,7 +43,7 @@ def test_multi_turn_groups_stay_on_their_pinned_replica():
         router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
                                refresher=refresher)
         await router.start(0)
-        client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
+        client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
 
         async def group(gid: str):
             pin = await router.assign_group(gid, 2)
@@ -66,11 +69,11 @@ def test_multi_turn_groups_stay_on_their_pinned_replica():
     asyncio.run(main())
 
 
-def test_no_pin_and_wrong_label_raise():
+def test_no_pin_and_wrong_label_raise(tmp_path):
     async def main():
         server = FakeServer(0, 5)
         router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 1)
-        client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
+        client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
         with pytest.raises(RoutingError, match="no group pin"):
             await client.generate("r", prompt_ids=[1], sampling_params={})
         # a pin whose version differs from what the server reports (a refresh slipped under the group)
@@ -121,7 +124,7 @@ class StreamingServer:
         return {"aborted": True}
 
 
-def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
+def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path):
     from verl_laminar.policy.repack import RepackConfig
     from verl_laminar.rollout.router import RepackSettings
     from verl_laminar.rollout.vllm_metrics import VllmReading
@@ -144,7 +147,7 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
                                refresher=refresher, repack=RepackSettings(RepackConfig(max_batch=4), interval_s=3600),
                                reader=reader)
         await router.start(0)
-        client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
+        client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
         lengths = {"ga": (40, 400), "gb": (60, 300)}  # one short and one long response per group
 
         async def group(gid):
@@ -189,8 +192,6 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged():
 def test_garbage_token_ids_fail_the_request_by_name(tmp_path):
     from verl_laminar.rollout.badinput import GarbageOutputError
 
-    (tmp_path / "config.json").write_text('{"vocab_size": 8}')
-
     class GarbageServer(FakeServer):
         async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
             return SimpleNamespace(token_ids=[3, 9], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 0})
@@ -203,11 +204,42 @@ def test_garbage_token_ids_fail_the_request_by_name(tmp_path):
 
         router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 1, refresher=refresher)
         await router.start(0)
-        cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False},
-                                                      "model": {"path": str(tmp_path)}}})
-        client = LaminarLLMServerClient(cfg, load_balancer_handle=ActorShell(router))
+        client = LaminarLLMServerClient(_config(tmp_path, vocab=8), load_balancer_handle=ActorShell(router))
         GROUP_PIN.set(await router.assign_group("g", 1))
         with pytest.raises(GarbageOutputError, match=r"req-7.*token_ids\[1\]=9"):
             await client.generate("req-7", prompt_ids=[1], sampling_params={})
 
     asyncio.run(main())
+
+
+def test_more_tokens_than_max_tokens_fail_the_request(tmp_path):
+    from verl_laminar.rollout.badinput import GarbageOutputError
+
+    class VerboseServer(FakeServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            return SimpleNamespace(token_ids=[1, 2, 3, 4], log_probs=None, extra_fields={"global_steps": 0})
+
+    async def main():
+        async def refresher(replica, version):
+            pass
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(VerboseServer(0, 0)))], 1, refresher=refresher)
+        await router.start(0)
+        client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
+        GROUP_PIN.set(await router.assign_group("g", 1))
+        with pytest.raises(GarbageOutputError, match=r"req-3.*4 tokens returned for a request of max_tokens=3"):
+            await client.generate("req-3", prompt_ids=[1], sampling_params={"max_tokens": 3})
+
+    asyncio.run(main())
+
+
+def test_an_unreadable_model_config_is_an_error_not_a_skipped_check(tmp_path):
+    from verl_laminar.rollout.client import ModelConfigError, read_vocab_size
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ModelConfigError, match="no usable vocab_size"):
+        read_vocab_size(str(tmp_path))
+    with pytest.raises(ModelConfigError, match="model.path='/nonexistent/model'"):
+        read_vocab_size("/nonexistent/model")
+    (tmp_path / "config.json").write_text('{"vocab_size": 64}')
+    assert read_vocab_size(str(tmp_path)) == 64

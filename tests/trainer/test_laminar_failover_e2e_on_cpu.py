@@ -14,7 +14,7 @@ import pytest
 from laminar_testing import run_cpu_laminar
 from verl_laminar.bench.e2e_report import RunRecord
 
-pytestmark = pytest.mark.e2e  # ~6 min and ~10 GB on a 2-core host
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB on a 2-core host  # timeout: the run plus its checks
 
 STEPS = 3
 KILLED = 1

@@ -25,6 +25,7 @@ from verl_laminar.bench.e2e_report import RunRecord
 
 pytestmark = [
     pytest.mark.e2e,  # ~8 min and ~10 GB on a 2-core host
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="the code interpreter's sandbox needs bubblewrap"),
 ]
 

@@ -8,6 +8,7 @@ values of the same type.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Mapping
 
@@ -39,6 +40,10 @@ def success_result(raw: Any) -> dict[str, Any]:
         out = {"score": float(raw)}
     else:
         raise TypeError(f"reward function returned {type(raw).__name__}; expected a number or a dict with 'score'")
+    if not math.isfinite(out["score"]):
+        # One NaN/inf score turns the GRPO advantages of its whole group (and the loss) into NaN.
+        raise ValueError(f"reward function returned a non-finite score ({out['score']}); "
+                         "return a finite number (failed rows are scored reward_kwargs.failure_score)")
     out["reward_failed"] = False
     out["reward_error"] = ""
     return out

@@ -90,7 +90,7 @@ class RobustScorer:
             return self._fail(f"{label}: {outcome.reason}{hint}")
         try:
             result = success_result(outcome.value)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             return self._fail(f"{label}: {e}")
         self._template = template_of(result)
         return result

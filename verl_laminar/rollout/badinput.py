@@ -113,8 +113,10 @@ def _examples(problems: list[str], total: int) -> str:
     return shown + (f" (and {total - _EXAMPLES} more)" if total > _EXAMPLES else "")
 
 
-def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request_id: str) -> None:
-    """Raise GarbageOutputError unless every id is an int in [0, vocab_size) and there is one log-prob per id.
+def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request_id: str,
+                        max_tokens: int | None = None) -> None:
+    """Raise GarbageOutputError unless every id is an int in [0, vocab_size), there is one log-prob per id and
+    there are at most ``max_tokens`` ids (the request's budget; more would overrun the trainer's response slots).
 
     ``vocab_size`` is the model's (padded) ``config.vocab_size``, the row count of its embedding; ids between the
     tokenizer's length and that are valid for the trainer. ``log_probs=None`` means none were requested.
@@ -123,6 +125,8 @@ def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request
     tokens = _as_list(token_ids)
     if not isinstance(tokens, (list, tuple)):
         raise _garbage(request_id, f"token_ids is a {type(token_ids).__name__}, expected a list of integers")
+    if max_tokens is not None and len(tokens) > max_tokens:
+        raise _garbage(request_id, f"{len(tokens)} tokens returned for a request of max_tokens={max_tokens}")
     bad = [f"token_ids[{i}]={p}" for i, t in enumerate(tokens) if (p := _token_problem(t, vocab_size))]
     if bad:
         raise _garbage(request_id, f"{len(bad)} of {len(tokens)} token ids are outside [0, {vocab_size}): "

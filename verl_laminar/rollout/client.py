@@ -55,6 +55,33 @@ def check_label(pin: Assignment, output: Any, what: str) -> None:
                                  f" on replica {pin.replica_id}, but the group is pinned to version {pin.version}")
 
 
+class ModelConfigError(RuntimeError):
+    """The model's config (vocab size) cannot be read; the message names the path and the fix."""
+
+
+def read_vocab_size(path: str) -> int:
+    """``vocab_size`` of the model at ``path``: a local ``config.json`` or anything transformers resolves."""
+    import json
+    import os
+
+    local = os.path.join(path, "config.json")
+    try:
+        with open(local) as f:
+            return int(json.load(f)["vocab_size"])
+    except OSError:
+        pass  # not a local directory: a hub id or a cached model
+    except (KeyError, ValueError, TypeError) as e:
+        raise ModelConfigError(f"{local} has no usable vocab_size ({e!r}); fix the model's config.json") from e
+    try:
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(path).vocab_size)
+    except Exception as e:  # transformers raises many kinds for a missing or broken model
+        raise ModelConfigError(
+            f"cannot read vocab_size of actor_rollout_ref.model.path={path!r} ({type(e).__name__}: {e}); the "
+            "garbage-output check needs it: point model.path at a model directory with a config.json") from e
+
+
 class LaminarLLMServerClient(LLMServerClient):
     def __init__(self, config: Any, load_balancer_handle: Any = None, **kwargs: Any) -> None:
         super().__init__(config=config, load_balancer_handle=load_balancer_handle, **kwargs)
@@ -82,28 +109,22 @@ class LaminarLLMServerClient(LLMServerClient):
             kwargs["request_id"] = vid  # the router tracks in-flight requests by their vLLM id
         super()._release_server(server_id, **kwargs)
 
-    def _vocab_size(self) -> Optional[int]:
-        """The model's config.vocab_size (read once), for the garbage-output check; None if unreadable."""
-        if not hasattr(self, "_vocab"):
-            import json
-            import os
+    def _vocab_size(self) -> int:
+        """The model's config.vocab_size (read once), for the garbage-output check.
 
-            self._vocab = None
+        An unreadable config is an error, not a reason to skip the check: without it a replica answering ids
+        outside the vocabulary would reach the trainer's embedding lookup unchecked.
+        """
+        if not hasattr(self, "_vocab"):
             model = getattr(getattr(self.config, "actor_rollout_ref", None), "model", None)
-            path = os.path.join(str(getattr(model, "path", "")), "config.json")
-            try:
-                with open(path) as f:
-                    self._vocab = int(json.load(f)["vocab_size"])
-            except (OSError, KeyError, ValueError) as e:
-                logger.warning("no vocab_size from %s (%r): replica outputs are not range-checked", path, e)
+            self._vocab = read_vocab_size(str(getattr(model, "path", "") or ""))
         return self._vocab
 
-    def _check_output(self, output: Any, request_id: str) -> None:
-        """A replica answering ids outside the vocabulary (or unpaired log-probs) fails the request by name,
-        before the batch can crash the trainer's embedding lookup or misweight tokens."""
-        vocab = self._vocab_size()
-        if vocab is not None:
-            check_output_tokens(output.token_ids, getattr(output, "log_probs", None), vocab, str(request_id))
+    def _check_output(self, output: Any, request_id: str, max_tokens: int) -> None:
+        """A replica answering ids outside the vocabulary, unpaired log-probs or more tokens than asked fails the
+        request by name, before the batch can crash the trainer's embedding lookup or misweight tokens."""
+        check_output_tokens(output.token_ids, getattr(output, "log_probs", None), self._vocab_size(),
+                            str(request_id), max_tokens=max_tokens)
 
     def _token_budget(self, prompt_ids: list, sampling_params: dict) -> int:
         """max_tokens as verl's server would resolve it, so a resumed piece gets exactly the rest."""
@@ -157,7 +178,7 @@ class LaminarLLMServerClient(LLMServerClient):
                                           **kwargs)
         output, vid = await self._piece(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
-        self._check_output(output, request_id)
+        self._check_output(output, request_id, self._token_budget(list(prompt_ids), sampling_params))
         if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
             return output  # the common case: one piece, verl's output untouched
         # migrated by repack: resume on the group's new replica until the trajectory is complete
@@ -175,7 +196,7 @@ class LaminarLLMServerClient(LLMServerClient):
             logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
             output, vid = await self._piece(pin, request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
-            self._check_output(output, request_id)
+            self._check_output(output, request_id, self._token_budget(ids, params))
             migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
         output.token_ids = traj.token_ids()
         output.log_probs = traj.log_probs()
