@@ -48,5 +48,11 @@ def test_small_broadcast_on_testbed(tmp_path):
     assert r["integrity"] == "ok" and r["relays"] == 3 and r["bytes"] == 4 << 20
     for key in ("chunks", "link_mbps", "t_broadcast_s", "t_one_copy_s", "ratio", "t_model_s", "trainer_stall_s"):
         assert r[key] > 0, key
+    # the emulated link limits the copy (4 MiB at 400 Mbit/s takes >= 84 ms), and the chain is pipelined: a
+    # store-and-forward chain of 3 relays would take about twice one copy
+    line_rate_s = r["bytes"] * 8 / (r["link_mbps"] * 1e6)
+    assert r["t_one_copy_s"] >= 0.9 * line_rate_s and r["t_broadcast_s"] >= 0.9 * line_rate_s, r
+    assert r["ratio"] == pytest.approx(r["t_broadcast_s"] / r["t_one_copy_s"], rel=0.01)
+    assert r["ratio"] < 1.8, r
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     assert not [n for n in listed if n.startswith(f"lmr{proc.pid % 100000}")]  # it removed what it created

@@ -30,7 +30,7 @@ def test_check_row_names_the_row_and_the_problem(change, fragment):
 
 @pytest.mark.parametrize("ground_truth", ["3", 3, 3.5, ["3", "three"], np.array(["3"])])
 def test_check_row_accepts(ground_truth):
-    check_row(**{**GOOD, "ground_truth": ground_truth})
+    assert check_row(**{**GOOD, "ground_truth": ground_truth}) is None  # raises for a bad row
 
 
 def test_check_dataset_rows_names_the_position():

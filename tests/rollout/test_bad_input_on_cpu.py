@@ -22,7 +22,7 @@ VOCAB = 2048
 
 @pytest.mark.parametrize("n, limit", [(0, 1), (5, 5), (511, 512)])
 def test_prompt_within_the_limit_passes(n, limit):
-    check_prompt_length(list(range(n)), limit, "row #0")
+    assert check_prompt_length(list(range(n)), limit, "row #0") == n
 
 
 def test_overlong_prompt_names_the_row_length_limit_and_keys():
@@ -59,7 +59,7 @@ def test_prompt_limit(prompt_length, max_model_len, expected):
     ],
 )
 def test_good_output_passes(tokens, log_probs):
-    check_output_tokens(tokens, log_probs, VOCAB, "req-1")
+    assert check_output_tokens(tokens, log_probs, VOCAB, "req-1") == len(tokens)
 
 
 @pytest.mark.parametrize(

@@ -81,4 +81,5 @@ def test_bad_arguments_raise(name, operators):
 
 def test_vllm_structured_output_backend_compiles_it():
     import xgrammar as xgr  # vLLM depends on it
-    xgr.Grammar.from_regex(hermes_call_regex("code_interpreter", operands("What is 45 + 38?")))
+    grammar = xgr.Grammar.from_regex(hermes_call_regex("code_interpreter", operands("What is 45 + 38?")))
+    assert str(grammar).startswith("root ::=") and '("4" "5")' in str(grammar)  # the operands are in it

@@ -73,5 +73,6 @@ def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     _, run = laminar_run
     last = run.steps[STEPS]
     assert last["laminar/repack/rounds"] >= STEPS, last
-    assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"] >= 0
+    # every migration moves at least one sequence off the replica it empties
+    assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"], last
     assert last["laminar/repack/emptied"] == last["laminar/repack/migrations"]

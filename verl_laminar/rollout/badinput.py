@@ -63,8 +63,8 @@ def prompt_limit(prompt_length: int, max_model_len: Optional[int] = None) -> int
     return limit
 
 
-def check_prompt_length(prompt_ids: Sized, limit: int, row_label: str) -> None:
-    """Raise PromptTooLongError naming the row, its length, the limit and the keys to change."""
+def check_prompt_length(prompt_ids: Sized, limit: int, row_label: str) -> int:
+    """The prompt's length; raises PromptTooLongError naming the row, its length, the limit and the keys to change."""
     limit = _positive_int(limit, "prompt length limit")
     n = len(prompt_ids)
     if n > limit:
@@ -73,6 +73,7 @@ def check_prompt_length(prompt_ids: Sized, limit: int, row_label: str) -> None:
             f"{PROMPT_LIMIT_KEYS[1]} to at least {n} (keeping prompt_length + response_length within the engine's "
             "max_model_len), shorten the prompt, or drop the row (python -m verl_laminar.data.validate --write-good)"
         )
+    return n
 
 
 def _as_list(value: Any) -> Any:
@@ -114,9 +115,10 @@ def _examples(problems: list[str], total: int) -> str:
 
 
 def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request_id: str,
-                        max_tokens: int | None = None) -> None:
+                        max_tokens: int | None = None) -> int:
     """Raise GarbageOutputError unless every id is an int in [0, vocab_size), there is one log-prob per id and
     there are at most ``max_tokens`` ids (the request's budget; more would overrun the trainer's response slots).
+    Returns the number of tokens checked.
 
     ``vocab_size`` is the model's (padded) ``config.vocab_size``, the row count of its embedding; ids between the
     tokenizer's length and that are valid for the trainer. ``log_probs=None`` means none were requested.
@@ -132,7 +134,7 @@ def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request
         raise _garbage(request_id, f"{len(bad)} of {len(tokens)} token ids are outside [0, {vocab_size}): "
                                    + _examples(bad, len(bad)))
     if log_probs is None:
-        return
+        return len(tokens)
     lps = _as_list(log_probs)
     if not isinstance(lps, (list, tuple)):
         raise _garbage(request_id, f"log_probs is a {type(log_probs).__name__}, expected a list of floats")
@@ -141,6 +143,7 @@ def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request
     bad = [f"log_probs[{i}] {p}" for i, v in enumerate(lps) if (p := _log_prob_problem(v))]
     if bad:
         raise _garbage(request_id, f"{len(bad)} of {len(lps)} log-probs are invalid: " + _examples(bad, len(bad)))
+    return len(tokens)
 
 
 @dataclass(frozen=True)
