@@ -17,7 +17,7 @@ demo: fixtures
 
 # Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.
 test: fixtures
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -m "not slow" --durations=30 $(PYTEST_ARGS) tests
 	$(MAKE) clean-shm
 
 test-fast: setup

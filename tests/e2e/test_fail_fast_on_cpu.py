@@ -58,8 +58,11 @@ def test_failed_weight_load_ends_the_run_with_its_cause(tiny_model_dir, tmp_path
     assert rc is not None, f"the run hung after the fault (killed at 600 s):\n{log[-3000:]}"
     assert rc != 0
     assert ended - fault_at <= BOUND_S, f"the run took {ended - fault_at:.0f} s to end after the fault"
-    tail = log[-6000:]
-    assert "WeightSyncError" in tail and "InjectedLoadFault" in tail, tail
-    line = next(x for x in reversed(log.splitlines()) if "WeightSyncError" in x)
-    assert "replica" in line and "version" in line and "InjectedLoadFault" in line, line
+    # the job's error: verl's driver re-raises the TaskRunner's, whose cause is the replica's WeightSyncError
+    assert "Error executing job" in log or "RayTaskError(WeightSyncError)" in log, log[-3000:]
+    lines = [x for x in log.splitlines() if "weight_sync_guard.WeightSyncError: " in x]
+    assert lines, "no WeightSyncError raised:\n" + log[-3000:]
+    line = lines[0]
+    assert "replica" in line and "version 0" in line and "InjectedLoadFault" in line, line
     assert "BufferError" not in line, line
+    print(f"ended {ended - fault_at:.1f} s after the fault: {line}")  # recorded in the test log (-s / -rA)
