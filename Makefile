@@ -12,7 +12,7 @@ fixtures: setup
 
 # The main job on the embedded default: verl's sync GRPO on the CPU fixtures (3 steps, per-step metrics).
 demo: fixtures
-	bash recipes/cpu/run_sync_grpo.sh
+	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- bash recipes/cpu/run_sync_grpo.sh
 	$(MAKE) clean-shm
 
 # Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.

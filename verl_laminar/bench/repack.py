@@ -426,6 +426,8 @@ async def _measure_pool(replicas: dict, blobs: list, work: Workload, args: argpa
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--timeout-s", type=float, default=3 * 3600.0,
+                    help="watchdog: the whole benchmark ends with an error after this long")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--groups", type=int, default=48, help="prompt groups in the workload")
     ap.add_argument("--n", type=int, default=4, help="responses per prompt")
@@ -464,11 +466,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    from verl_laminar.watchdog import bounded
     import ray
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
-        result = asyncio.run(bench(args))
+        result = asyncio.run(bounded(bench(args), args.timeout_s, "bench.repack"))
     finally:
         ray.shutdown()
     text = json.dumps(result, indent=2)

@@ -205,6 +205,8 @@ async def chaos(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--timeout-s", type=float, default=4 * 3600.0,
+                    help="watchdog: the whole chaos run ends with an error after this long")
     ap.add_argument("--faults", default="rollout=3,relay=1,master_relay=1,pool=2,trainer=3,garbage=1",
                     help="how many of each fault kind: rollout (SIGKILL a replica), relay, master_relay, pool, "
                          "trainer (SIGKILL), garbage (a replica answers out-of-vocabulary token ids)")
@@ -261,9 +263,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     import ray
 
+    from verl_laminar.watchdog import bounded
+
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, namespace="laminar_ft")
     try:
-        result = asyncio.run(chaos(args))
+        result = asyncio.run(bounded(chaos(args), args.timeout_s, "chaos"))
     finally:
         ray.shutdown()
     text = json.dumps(result, indent=2, default=str)
