@@ -11,12 +11,18 @@ from omegaconf import OmegaConf
 from laminar_testing import run_py
 
 
-def _verl_default_config():
-    """verl 0.9.1's composed ``ppo_trainer`` config, as main_ppo sees it before our defaults."""
+def _verl_default_config(data: bool = True):
+    """verl 0.9.1's composed ``ppo_trainer`` config, as main_ppo sees it before our defaults (with the shipped
+    toy data unless ``data=False``: the CPU defaults check the data files first)."""
     from hydra import compose, initialize_config_module
 
+    from verl_laminar.data import toy_math_path
+
+    overrides = ["actor_rollout_ref.rollout.name=vllm"]
+    if data:
+        overrides += [f"data.train_files={toy_math_path('train')}", f"data.val_files={toy_math_path('val')}"]
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.name=vllm"])
+        return compose(config_name="ppo_trainer", overrides=overrides)
 
 
 def test_platform_implements_every_abstract_method():
@@ -164,3 +170,33 @@ def test_default_config_composes_unchanged_without_laminar():
     assert "laminar" not in cfg
     src = inspect.getsource(__import__("verl.trainer.main_ppo", fromlist=["main"]).main)
     assert "auto_set_device(config)" in src
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "empty", "empty_prompt"])
+def test_cpu_defaults_stop_on_a_bad_data_file_naming_it(tmp_path, problem):
+    import pandas as pd
+
+    from verl_laminar.data import toy_math_path
+    from verl_laminar.data.validate import DatasetFileError
+    from verl_laminar.patches.cpu_config import apply_cpu_defaults
+
+    bad = tmp_path / "train.parquet"
+    if problem == "corrupt":
+        bad.write_bytes(b"PAR1 this is not parquet")
+    elif problem == "empty":
+        pd.DataFrame({"prompt": []}).to_parquet(bad)
+    elif problem == "empty_prompt":
+        rows = pd.read_parquet(toy_math_path("train")).head(3)
+        rows.at[1, "prompt"] = [{"role": "user", "content": "  "}]
+        rows.to_parquet(bad)
+    cfg = _verl_default_config()
+    cfg.data.train_files = str(bad)
+    if problem == "empty_prompt":
+        from verl_laminar.data.validate import DatasetRowsError
+
+        with pytest.raises(DatasetRowsError, match=r"1 of 3 rows are malformed:\n  .*row #1: prompt has no user"):
+            apply_cpu_defaults(cfg)
+        return
+    message = {"missing": "does not exist", "corrupt": "not a readable parquet file", "empty": "has no rows"}[problem]
+    with pytest.raises(DatasetFileError, match=f"data.train_files: {bad}.*{message}"):
+        apply_cpu_defaults(cfg)

@@ -13,12 +13,14 @@ from laminar_testing import run_py
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from verl_laminar.data import toy_math_path
 from verl_laminar.trainer import runtime
 
 VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_search_locations)[0], "trainer", "config")
 RECIPE = ["+laminar=enabled", "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",
           "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+          f"data.train_files={toy_math_path('train')}", f"data.val_files={toy_math_path('val')}"]
 
 
 def _compose(overrides):

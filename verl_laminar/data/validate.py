@@ -37,6 +37,52 @@ _MAX_LISTED = 20
 PromptTokens = Callable[[list], int]
 
 
+class DatasetFileError(ValueError):
+    """A data file is missing, unreadable or empty; the message names the file, the key and the problem."""
+
+
+def check_dataset_files(files: Any, key: str, prompt_key: Optional[str] = "prompt") -> int:
+    """Rows in the parquet file(s) ``files`` (verl's ``data.train_files`` / ``val_files``: a path or a list).
+
+    Raises ``DatasetFileError`` for a missing, corrupt or empty file, before verl's dataloader meets it (an empty
+    set would otherwise fail deep inside the sampler), and ``DatasetRowsError`` naming rows whose chat prompt is
+    empty or asks nothing (only the ``prompt_key`` column is read).
+    """
+    import pyarrow.parquet as pq
+
+    paths = [files] if isinstance(files, (str, Path)) else list(files or [])
+    if not paths:
+        raise DatasetFileError(f"{key} is empty: give one or more parquet files")
+    total = 0
+    for path in map(str, paths):
+        if "://" in path:
+            continue  # remote (hdfs://, s3://): verl copies it locally later; nothing to check here
+        if not Path(path).is_file():
+            raise DatasetFileError(f"{key}: {path} does not exist")
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except Exception as e:  # pyarrow raises several kinds for a file that is not parquet
+            raise DatasetFileError(f"{key}: {path} is not a readable parquet file ({type(e).__name__}: {e})") from e
+        if rows == 0:
+            raise DatasetFileError(f"{key}: {path} has no rows")
+        if prompt_key is not None:
+            _check_prompts(path, key, prompt_key, rows)
+        total += rows
+    return total
+
+
+def _check_prompts(path: str, key: str, prompt_key: str, rows: int) -> None:
+    import pyarrow.parquet as pq
+
+    if prompt_key not in pq.read_schema(path).names:
+        raise DatasetFileError(f"{key}: {path} has no column {prompt_key!r} (data.prompt_key)")
+    prompts = pq.read_table(path, columns=[prompt_key]).column(prompt_key).to_pylist()
+    bad = [BadRow(i, f"{path} row #{i}", tuple(p)) for i, prompt in enumerate(prompts)
+           if (p := _prompt_problems(prompt))]
+    if bad:
+        raise rows_error(bad, rows)
+
+
 class DatasetRowsError(MalformedRowError):
     """One or more rows of a data set are malformed; the message lists them by index with the fix."""
 

@@ -80,6 +80,9 @@ def _logical_gpus(cfg: DictConfig) -> int:
 
 
 def apply_cpu_defaults(cfg: DictConfig) -> None:
+    from verl_laminar.trainer.runtime import check_data_files
+
+    check_data_files(cfg)  # before Ray starts: a bad data file is a config error, not a worker crash
     if int(cfg.trainer.n_gpus_per_node) < 1:
         raise ValueError(
             f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: on the CPU platform this is the number of "

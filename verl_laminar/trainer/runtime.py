@@ -30,11 +30,24 @@ RUNTIME_DEFAULTS: dict[str, Any] = {
 }
 
 
+def check_data_files(config: DictConfig) -> None:
+    """Missing, corrupt or empty train/val parquet files fail at start-up, naming the file."""
+    from verl_laminar.data.validate import check_dataset_files
+
+    prompt_key = OmegaConf.select(config, "data.prompt_key", default="prompt")
+    for key in ("data.train_files", "data.val_files"):
+        files = OmegaConf.select(config, key, default=None)
+        if files is not None:
+            check_dataset_files(OmegaConf.to_object(files) if OmegaConf.is_config(files) else files, key,
+                                prompt_key)
+
+
 def prepare_config(config: DictConfig) -> Any:
     """Validate the laminar block and align verl's keys with it; returns the typed ``LaminarConfig``."""
     from verl_laminar.config import validate_and_migrate
 
     lam = validate_and_migrate(config)
+    check_data_files(config)
     if bool(OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True)):
         raise ValueError("actor_rollout_ref.hybrid_engine=True: Laminar's rollouts are standalone replicas that "
                          "never pause for training; set actor_rollout_ref.hybrid_engine=False and give them "
