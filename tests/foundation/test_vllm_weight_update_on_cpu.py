@@ -10,6 +10,7 @@ exercised the branch it names.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,5 +75,5 @@ def test_broken_load_raises_the_first_error_at_once(tmp_path):
     r = run_case(tmp_path, "--dtype", "float32", "--gemm", "auto", "--break-load")
     assert r["error"] is not None and r["error"].startswith("WeightLoadError"), r
     assert "AssertionError" in r["error"] and "BufferError" not in r["error"], r["error"]
-    assert "weight_loader" in r["error"] or "linear.py" in r["error"], r["error"]  # where it failed
+    assert re.search(r" at \w+\.py:\d+ in \w+", r["error"]), r["error"]  # where it was raised (vLLM's loader)
     assert r["error_seconds"] < 30
