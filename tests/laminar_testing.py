@@ -54,3 +54,19 @@ def run_cpu_laminar(out: Path, model: Path, *overrides: str, steps: int = 3, res
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"), *overrides], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def client_config(vocab: int = 151936, response_length: int = 64, prompt_length: int = 64):
+    """A verl config with what ``LaminarLLMServerClient`` reads: the rollout's lengths and a model directory whose
+    ``config.json`` gives the vocabulary size (the garbage-output check needs it)."""
+    import json
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    model = Path(tempfile.mkdtemp(prefix="laminar-model-"))
+    (model / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    return OmegaConf.create({"actor_rollout_ref": {
+        "rollout": {"name": "vllm", "full_determinism": False, "response_length": response_length,
+                    "prompt_length": prompt_length},
+        "model": {"path": str(model)}}})

@@ -70,3 +70,14 @@ def test_a_refreshing_replica_takes_no_moved_group_and_a_replica_dies_once():
 def test_an_idle_replica_dies_with_nothing_to_move():
     new, loss = fail_replica(initial_state([0, 1], 2), 1, {}, {}, {}, now_s=0.0)
     assert (loss.moved, loss.lost) == ((), ()) and not new.replica(1).alive and new.replica(0).alive
+
+
+def test_a_fully_generated_group_is_neither_moved_nor_lost():
+    """Its rewards are still being computed when the replica dies: it needs no replica, and losing it would
+    discard trajectories that verl trains anyway (an e2e run failed exactly so)."""
+    state = state_with({0: 3, 1: 4}, {"done": 0, "open": 0})
+    new, loss = fail_replica(state, 0, {"done": 2, "open": 2}, {}, {}, now_s=1.0, complete={"done"})
+    assert loss.lost == ("open",) and loss.moved == () and loss.complete == ("done",)
+    assert new.pins["done"].replica_id == 0  # still pinned: finish_group ends it normally
+    new, _ = finish_group(new, "done")
+    assert "done" not in new.pins

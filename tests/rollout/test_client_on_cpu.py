@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from laminar_testing import ActorShell
+from laminar_testing import client_config, ActorShell
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
@@ -27,10 +27,7 @@ class FakeServer:
 
 
 def _config(tmp_path, vocab: int = 151936):
-    (tmp_path / "config.json").write_text(f'{{"vocab_size": {vocab}}}')  # the garbage check reads the model's vocab
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False,
-                                                               "response_length": 64, "prompt_length": 64},
-                                                   "model": {"path": str(tmp_path)}}})
+    return client_config(vocab)
 
 
 def test_multi_turn_groups_stay_on_their_pinned_replica(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from ray.exceptions import ActorDiedError, RayActorError
 
-from laminar_testing import ActorShell
+from laminar_testing import client_config, ActorShell
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
@@ -52,7 +52,7 @@ class MortalServer:
 
 
 def _config():
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+    return client_config()
 
 
 async def _setup(n: int, gpb: int = 2):

@@ -13,7 +13,7 @@ replicas once, in the trainer's process, so this router cannot start a replaceme
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from verl_laminar.policy.dispatch import DispatchState, RoutingError, mark_dead, move_group
 from verl_laminar.policy.failover import Health, OrphanGroup, ReplicaView, plan_failover
@@ -28,21 +28,26 @@ class ReplicaLoss:
     replica_id: int
     moved: tuple[tuple[str, int], ...]  # (group, live replica on the same version)
     lost: tuple[str, ...]  # groups with no live replica on their version
+    complete: tuple[str, ...] = ()  # every response already generated: nothing of them needs a replica
 
 
 def fail_replica(state: DispatchState, replica_id: int, group_sizes: Mapping[str, int],
-                 started_s: Mapping[str, float], load: Mapping[int, int], now_s: float) -> tuple[DispatchState,
-                                                                                                  ReplicaLoss]:
+                 started_s: Mapping[str, float], load: Mapping[int, int], now_s: float,
+                 complete: Collection[str] = ()) -> tuple[DispatchState, ReplicaLoss]:
     """Mark ``replica_id`` dead and move each of its open groups to the least loaded live replica serving the
     group's version (a refreshing replica is about to change version and takes none). Lost groups stay pinned
     to the dead replica, where ``route`` refuses them, until their requests fail and ``finish_group`` ends
-    them. Marking a replica dead twice is an error: the caller checks ``alive`` first."""
+    them. Groups in ``complete`` had every response generated before the death (they are still open while
+    their rewards are computed and they are stored): they are neither moved nor lost, and stay pinned until
+    ``finish_group``; losing them would discard trajectories that verl goes on to train. Marking a replica dead
+    twice is an error: the caller checks ``alive`` first."""
     dead = state.replica(replica_id)
     if not dead.alive:
         raise RoutingError(f"replica {replica_id} is already dead")
     state = mark_dead(state, replica_id)
+    done = tuple(sorted(g for g in dead.open_groups if g in complete))
     orphans = [OrphanGroup(g, state.pins[g].version, int(group_sizes.get(g, 1)), float(started_s.get(g, now_s)))
-               for g in sorted(dead.open_groups)]
+               for g in sorted(dead.open_groups) if g not in complete]
     views = [ReplicaView(r.replica_id, r.version,
                          Health.ALIVE if r.alive and r.refreshing_to is None else Health.DEAD,
                          int(load.get(r.replica_id, 0)))
@@ -50,4 +55,4 @@ def fail_replica(state: DispatchState, replica_id: int, group_sizes: Mapping[str
     plan = plan_failover(orphans, views, now_s, relay_versions=(), max_age_s=0.0)
     for group, target in plan.moves:
         state = move_group(state, group, target)
-    return state, ReplicaLoss(replica_id, plan.moves, tuple(sorted(plan.regenerate)))
+    return state, ReplicaLoss(replica_id, plan.moves, tuple(sorted(plan.regenerate)), done)

@@ -100,6 +100,7 @@ class LaminarRouter(ReplicaFailover):
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
         self._group_n: dict[str, int] = {}
+        self._group_finished: dict[str, int] = {}  # group -> responses finished (trajectory_finished calls)
         self._validate: set[str] = set()
         self._inflight = {rid: 0 for rid in self._replicas}
         self._published: Optional[int] = None
@@ -215,6 +216,7 @@ class LaminarRouter(ReplicaFailover):
         if a is None:
             raise RoutingError(f"trajectory {key!r} finished for group {group_id!r}, which is not assigned")
         n = int(self._published)
+        self._group_finished[group_id] = self._group_finished.get(group_id, 0) + 1
         if group_id not in self._validate:
             self._events["finished"].append(dict(key=key, group_id=group_id, replica_id=a.replica_id,
                                                  version=a.version, start_s=start_s, finish_s=self._clock(),
@@ -225,6 +227,7 @@ class LaminarRouter(ReplicaFailover):
     async def finish_group(self, group_id: str) -> None:
         self._state, ended = finish_group(self._state, group_id)
         self._group_n.pop(group_id, None)
+        self._group_finished.pop(group_id, None)
         self._lost.discard(group_id)
         self._assigned_s.pop(group_id, None)
         self._validate.discard(group_id)

@@ -60,8 +60,9 @@ class ReplicaFailover:
         """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
         if not self._state.replica(replica_id).alive:
             return
+        complete = {g for g, done in self._group_finished.items() if done >= self._group_n.get(g, done + 1)}
         self._state, loss = fail_replica(self._state, replica_id, self._group_n, self._assigned_s,
-                                         self._inflight, self._clock())
+                                         self._inflight, self._clock(), complete=complete)
         self._lost.update(loss.lost)
         self._inflight[replica_id] = 0
         self._requests[replica_id].clear()
@@ -70,9 +71,11 @@ class ReplicaFailover:
                                          # validation groups are not in the trainer's ledger: listed apart
                                          "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost
                                                   if g not in self._validate],
-                                         "lost_validation": [g for g in loss.lost if g in self._validate]})
-        logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s",
-                     replica_id, error, len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost))
+                                         "lost_validation": [g for g in loss.lost if g in self._validate],
+                                         "complete": list(loss.complete)})
+        logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s, "
+                     "%d already fully generated %s", replica_id, error, len(loss.moved), dict(loss.moved),
+                     len(loss.lost), list(loss.lost), len(loss.complete), list(loss.complete))
         if not any(r.alive for r in self._state.replicas):
             self._error = RuntimeError(f"every rollout replica is dead (the last: {replica_id}, {error})")
             for fut in self._waiters.values():
