@@ -45,9 +45,12 @@ def _register_cpu_platform() -> str:
     from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
     from verl_laminar.patches.cpu_runtime import FSDP_ENGINES, GLOO_PROCESS_GROUP
     from verl_laminar.patches.vllm_reload import VLLM_LAYERWISE_RELOAD
+    from verl_laminar.patches.weight_sync_guard import WEIGHT_SYNC_FAIL_FAST
     from verl_laminar.platform.vllm_dist import check as check_vllm_dist
 
-    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD):
+    # weight_sync_fail_fast guards a hang that GPUs share; it is applied with the CPU patches only, because a
+    # run on a host with an accelerator gets none of ours until it has been checked on one (see patches/README.md)
+    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD, WEIGHT_SYNC_FAIL_FAST):
         apply_patch(patch)
     check_vllm_dist()
     return "active"
@@ -70,15 +73,6 @@ def _register_relay_backend() -> str:
     return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
 
 
-def _register_weight_sync_guard() -> str:
-    # On every platform: verl's weight sender waits forever for a receiver that failed (GPU and CPU alike).
-    from verl_laminar.patches import apply_patch
-    from verl_laminar.patches.weight_sync_guard import WEIGHT_SYNC_FAIL_FAST
-
-    apply_patch(WEIGHT_SYNC_FAIL_FAST)
-    return "weight_sync_fail_fast (applied when verl imports its vLLM rollout)"
-
-
 def _register_laminar_trainer() -> str:
     # Deferred until verl imports its v1 trainers (what TaskRunnerV1 does before get_trainer_cls).
     from verl_laminar.trainer import install
@@ -90,7 +84,6 @@ def _register_laminar_trainer() -> str:
 _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
     ("platform:cpu", _register_cpu_platform),
     ("checkpoint_engine:laminar", _register_relay_backend),
-    ("patch:weight_sync_fail_fast", _register_weight_sync_guard),
     ("trainer:laminar", _register_laminar_trainer),
 ]
 

@@ -10,7 +10,8 @@ Fix. The sender's socket is wrapped so that each wait for an ack polls in short 
 the receiving rpc, and as soon as that has finished without acking (it failed, or its actor died) the rpc's own
 error is raised. A receiver that stays alive without acking is given up after ``LAMINAR_WEIGHT_SYNC_ACK_TIMEOUT_S``
 (default 120 s). ``update_weights`` then raises ``WeightSyncError`` naming the replica, the weight version (verl's
-global step) and the receiver's first error. Not CPU-specific: the sender is the same on GPUs.
+global step) and the receiver's first error. The sender is the same on GPUs, so the hang is too; the patch is
+applied with the CPU patches only until it has been run on a GPU host (the project changes no GPU run unchecked).
 """
 
 from __future__ import annotations
