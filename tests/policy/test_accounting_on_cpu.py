@@ -222,3 +222,28 @@ def test_random_runs_end_to_end_nothing_lost_nothing_mixed():
         acc.ledger.check_nothing_lost()
         assert buf.missing() == {} and buf.stats().duplicates == 0
         assert acc.ledger.counts()["trained"] == submitted * n
+
+
+def test_a_finished_trajectory_of_a_given_up_group_that_verl_trains_counts_as_trained():
+    """A replica died while verl still held a group whose first response had finished: the router gave the
+    group up, verl trained that response anyway. It is trained once, not discarded, and nothing is lost."""
+    from verl_laminar.policy.accounting import Ledger, TrajectoryRecord
+
+    ledger = Ledger()
+    for i in range(2):
+        ledger.start(f"g_{i}", "g", 1, 0)
+    ledger.finish(TrajectoryRecord("g_0", "g", 1, 0, 0.0, 1.0, 10, 5, 0))
+    for i in range(2):
+        ledger.discard(f"g_{i}", "replica 1 died")
+    assert ledger.counts()["discarded"] == 2
+    assert [r.key for r in ledger.trained(["g_0"], 2)] == ["g_0"]
+    assert ledger.counts() == {"in_flight": 0, "finished": 0, "trained": 1, "discarded": 1}
+    ledger.check_nothing_lost()
+    import pytest
+
+    from verl_laminar.policy.accounting import InvariantViolation
+
+    with pytest.raises(InvariantViolation, match="again"):
+        ledger.trained(["g_0"], 3)
+    with pytest.raises(InvariantViolation, match="never finished"):
+        ledger.trained(["g_1"], 3)

@@ -78,6 +78,9 @@ class Ledger:
         self._finished: dict[str, TrajectoryRecord] = {}
         self._trained: dict[str, int] = {}  # key -> training step
         self._discarded: dict[str, str] = {}  # key -> reason
+        # finished before their group was given up (a replica died while verl still held the group): if verl
+        # trains them anyway, they count as trained, not discarded
+        self._discarded_finished: dict[str, TrajectoryRecord] = {}
         self._group_version: dict[str, int] = {}
 
     def _check_group(self, key: str, group_id: str, version: int) -> None:
@@ -117,14 +120,16 @@ class Ledger:
         for k in keys:
             if k in self._trained:
                 raise InvariantViolation(f"trajectory {k!r} trained at step {self._trained[k]} and again at {step}")
-            rec = self._finished.get(k)
+            rec = self._finished.get(k) or self._discarded_finished.get(k)
             if rec is None:
                 raise InvariantViolation(f"step {step} trains trajectory {k!r} that never finished (or was discarded)")
             out.append(rec)
         for k in keys:
             # keep only the key once trained: enough to catch a second training, and memory stays small
             self._trained[k] = step
-            del self._finished[k]
+            if self._finished.pop(k, None) is None:
+                del self._discarded_finished[k]
+                self._discarded.pop(k, None)
         return out
 
     def discard(self, key: str, reason: str) -> None:
@@ -133,7 +138,9 @@ class Ledger:
             raise InvariantViolation(f"trajectory {key!r} was trained at step {self._trained[key]}; it cannot be "
                                      f"discarded ({reason})")
         self._started.pop(key, None)
-        self._finished.pop(key, None)
+        finished = self._finished.pop(key, None)
+        if finished is not None:
+            self._discarded_finished[key] = finished
         self._discarded[key] = reason
 
     def in_flight(self) -> list[str]:
