@@ -46,7 +46,6 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     # lost groups were dropped on purpose (failed by verl, refilled): their trajectories count as discarded,
     # except responses that had finished before the death and that verl trained anyway (counted as trained)
     assert last["laminar/trajectories/discarded"] <= 4 * last["laminar/ft/groups_lost"]
-    assert last["laminar/trajectories/discarded"] >= (4 - 1) * last["laminar/ft/groups_lost"] - 4 * 8, last
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step  # one version per trajectory
 
