@@ -60,23 +60,35 @@ def check_dataset_files(files: Any, key: str, prompt_key: Optional[str] = "promp
         if not Path(path).is_file():
             raise DatasetFileError(f"{key}: {path} does not exist")
         try:
-            rows = pq.read_metadata(path).num_rows
+            parquet = pq.ParquetFile(path)  # one open: footer, schema and (below) the prompt column
         except Exception as e:  # pyarrow raises several kinds for a file that is not parquet
             raise DatasetFileError(f"{key}: {path} is not a readable parquet file ({type(e).__name__}: {e})") from e
+        rows = parquet.metadata.num_rows
         if rows == 0:
             raise DatasetFileError(f"{key}: {path} has no rows")
         if prompt_key is not None:
-            _check_prompts(path, key, prompt_key, rows)
+            _check_prompts(parquet, path, key, prompt_key, rows)
         total += rows
     return total
 
 
-def _check_prompts(path: str, key: str, prompt_key: str, rows: int) -> None:
-    import pyarrow.parquet as pq
+def check_data_files(config: Any) -> None:
+    """verl's ``data.train_files`` / ``val_files`` of a composed config: missing, corrupt or empty files and
+    empty prompts fail at start-up, naming the file (called by the CPU defaults and by Laminar's config)."""
+    from omegaconf import OmegaConf
 
-    if prompt_key not in pq.read_schema(path).names:
+    prompt_key = OmegaConf.select(config, "data.prompt_key", default="prompt")
+    for key in ("data.train_files", "data.val_files"):
+        files = OmegaConf.select(config, key, default=None)
+        if files is not None:
+            check_dataset_files(OmegaConf.to_object(files) if OmegaConf.is_config(files) else files, key,
+                                prompt_key)
+
+
+def _check_prompts(parquet: Any, path: str, key: str, prompt_key: str, rows: int) -> None:
+    if prompt_key not in parquet.schema_arrow.names:
         raise DatasetFileError(f"{key}: {path} has no column {prompt_key!r} (data.prompt_key)")
-    prompts = pq.read_table(path, columns=[prompt_key]).column(prompt_key).to_pylist()
+    prompts = parquet.read(columns=[prompt_key]).column(prompt_key).to_pylist()
     bad = [BadRow(i, f"{path} row #{i}", tuple(p)) for i, prompt in enumerate(prompts)
            if (p := _prompt_problems(prompt))]
     if bad:

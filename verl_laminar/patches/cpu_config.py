@@ -80,7 +80,7 @@ def _logical_gpus(cfg: DictConfig) -> int:
 
 
 def apply_cpu_defaults(cfg: DictConfig) -> None:
-    from verl_laminar.trainer.runtime import check_data_files
+    from verl_laminar.data.validate import check_data_files
 
     check_data_files(cfg)  # before Ray starts: a bad data file is a config error, not a worker crash
     if int(cfg.trainer.n_gpus_per_node) < 1:

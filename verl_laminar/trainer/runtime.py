@@ -30,21 +30,11 @@ RUNTIME_DEFAULTS: dict[str, Any] = {
 }
 
 
-def check_data_files(config: DictConfig) -> None:
-    """Missing, corrupt or empty train/val parquet files fail at start-up, naming the file."""
-    from verl_laminar.data.validate import check_dataset_files
-
-    prompt_key = OmegaConf.select(config, "data.prompt_key", default="prompt")
-    for key in ("data.train_files", "data.val_files"):
-        files = OmegaConf.select(config, key, default=None)
-        if files is not None:
-            check_dataset_files(OmegaConf.to_object(files) if OmegaConf.is_config(files) else files, key,
-                                prompt_key)
-
-
 def prepare_config(config: DictConfig) -> Any:
     """Validate the laminar block and align verl's keys with it; returns the typed ``LaminarConfig``."""
     from verl_laminar.config import validate_and_migrate
+
+    from verl_laminar.data.validate import check_data_files
 
     lam = validate_and_migrate(config)
     check_data_files(config)
