@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Awaitable, Optional, TypeVar
+from typing import Any, Awaitable, Optional, TypeVar
 
 logger = logging.getLogger("verl_laminar.watchdog")
 
@@ -40,11 +40,13 @@ async def bounded(coro: Awaitable[T], limit_s: float, what: str) -> T:
                          "(raise the limit if the run is only slow)") from None
 
 
-def run_command(cmd: list[str], limit_s: float, grace_s: float = 30.0) -> int:
-    """Run ``cmd`` in its own session; end its whole process group at ``limit_s``. Returns its exit status."""
+def run_command(cmd: list[str], limit_s: float, grace_s: float = 30.0, **popen: Any) -> int:
+    """Run ``cmd`` in its own session; end its whole process group at ``limit_s``. Returns its exit status.
+
+    ``popen``: more ``subprocess.Popen`` arguments (``stdout``, ``env``, ``cwd``)."""
     if not cmd:
         raise ValueError("no command given: python -m verl_laminar.watchdog --limit-s N -- CMD ...")
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen)
     try:
         return proc.wait(limit_s)
     except subprocess.TimeoutExpired:

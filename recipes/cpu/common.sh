@@ -2,6 +2,8 @@
 # Sourced (not run). Expects OUT set by the caller; exports WORKLOAD, the Hydra overrides both recipes pass.
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PY:-$repo/.venv/bin/python}
+# LAMINAR_PREFLIGHT=1: check the run's overrides (python -m verl_laminar.preflight) instead of training
+if [ "${LAMINAR_PREFLIGHT:-0}" = 1 ]; then ENTRY=verl_laminar.preflight; else ENTRY=verl.trainer.main_ppo; fi
 MODEL=${MODEL:-$("$PY" -c 'from verl_laminar.fixtures import model_dir; print(model_dir())')}
 DATA=${DATA:-$repo/verl_laminar/data/toy_math}
 STEPS=${STEPS:-3}

@@ -14,7 +14,7 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_laminar}
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-exec "$PY" -m verl.trainer.main_ppo \
+exec "$PY" -m "$ENTRY" \
   +laminar=enabled \
   actor_rollout_ref.hybrid_engine=False \
   actor_rollout_ref.rollout.nnodes=1 \

@@ -14,7 +14,7 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_separate_async}
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-exec "$PY" -m verl.trainer.main_ppo \
+exec "$PY" -m "$ENTRY" \
   trainer.v1.trainer_mode=separate_async \
   trainer.v1.separate_async.parameter_sync_step="$SYNC_STEP" \
   actor_rollout_ref.hybrid_engine=False \

@@ -13,7 +13,7 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_sync}
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-exec "$PY" -m verl.trainer.main_ppo \
+exec "$PY" -m "$ENTRY" \
   trainer.n_gpus_per_node="$N_RANKS" \
   trainer.experiment_name=sync_grpo \
   "${WORKLOAD[@]}" \

@@ -7,6 +7,7 @@
 #
 # Callers set MODEL_SIZE (7b, 32b, 72b) and VARIANT (sync, separate_async, laminar) before sourcing, and pass their
 # own arguments through "$@" (e.g. `--cfg job` prints the composed config without running).
+# LAMINAR_PREFLIGHT=1 runs `python -m verl_laminar.preflight` on the same overrides instead of training.
 
 set -euo pipefail
 
@@ -192,4 +193,10 @@ case "$VARIANT" in
         ;;
 esac
 
+if [ "${LAMINAR_PREFLIGHT:-0}" = 1 ]; then
+    # check these overrides before GPUs are spent: python -m verl_laminar.preflight prints one table, exits 1 on a
+    # check that would fail (PREFLIGHT_ARGS: its own options, e.g. "--json --link-gbps 100")
+    # shellcheck disable=SC2086
+    exec "$PYTHON" -m verl_laminar.preflight ${PREFLIGHT_ARGS:-} "${ARGS[@]}" "$@"
+fi
 exec "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"

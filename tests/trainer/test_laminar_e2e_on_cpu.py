@@ -16,10 +16,12 @@ import pytest
 
 from laminar_testing import REPO
 from verl_laminar.bench.e2e_report import RunRecord, STALENESS_HIST
+from verl_laminar.smoke import evaluate, shm_entries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB on a 2-core host  # timeout: the run plus its checks
 
 STEPS = 3
+VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +29,19 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_laminar")
     env = {**os.environ, "STEPS": str(STEPS), "REPLICAS": "2", "SKEW": "1", "RESP": "96", "MICRO": "4",
            "OUT": str(out), "MODEL": str(tiny_model_dir), "PYTHONUNBUFFERED": "1"}
+    before = shm_entries()
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh")], env=env, capture_output=True,
                           text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
     (out / "log.txt").write_text(log)
     assert proc.returncode == 0, log[-4000:]
+    VERDICT.update(evaluate(log, STEPS, 2, proc.returncode, before, shm_entries()))
     return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+
+
+def test_gpu_smoke_verdict_passes_this_run(laminar_run):
+    """scripts/gpu_smoke.sh judges a GPU run with the same verdict: here it judges this real CPU run."""
+    assert VERDICT["ok"], VERDICT
 
 
 def test_every_step_trains_and_every_trained_trajectory_was_checked(laminar_run):

@@ -25,9 +25,35 @@ GROUPS_PER_BATCH_KEY = "laminar.dispatch.groups_per_batch"
 # trainer runs on any composition that selected trainer_mode=laminar.
 RUNTIME_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": AGENT_LOOP_MANAGER,
-    SYNC_STEP_KEY: 1,
     WARMUP_KEY: 2,
 }
+CHECKPOINT_ENGINE_KEY = "actor_rollout_ref.rollout.checkpoint_engine"
+
+
+def derive_parameter_sync_step(config: DictConfig) -> int:
+    """Mini-batch updates between two publications: ``train_batch_size / ppo_mini_batch_size``.
+
+    The paper's step is 16 mini-batch updates on 512 prompts, then one publication. verl's separate_async base
+    samples ``train_batch_size / parameter_sync_step`` prompts per update and asserts
+    ``train_batch_size == parameter_sync_step * ppo_mini_batch_size``, so the value follows from the batch; a
+    recipe only sets it to say the same thing twice, and a contradicting value is an error here, not an assert
+    deep in verl's constructor.
+    """
+    batch = int(config.data.train_batch_size)
+    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if mini < 1 or batch % mini:
+        raise ValueError(
+            f"data.train_batch_size={batch} is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}: "
+            "Laminar publishes weights after train_batch_size / ppo_mini_batch_size mini-batch updates; choose a "
+            "train_batch_size that is a multiple of ppo_mini_batch_size")
+    derived = batch // mini
+    given = OmegaConf.select(config, SYNC_STEP_KEY, default=None)
+    if given is not None and int(given) != derived:
+        raise ValueError(
+            f"{SYNC_STEP_KEY}={given}, but data.train_batch_size / actor_rollout_ref.actor.ppo_mini_batch_size = "
+            f"{batch} / {mini} = {derived} mini-batch updates per publication; remove {SYNC_STEP_KEY} (it is "
+            f"derived from the batch) or set it to {derived}")
+    return derived
 
 
 def prepare_config(config: DictConfig) -> Any:
@@ -51,6 +77,17 @@ def prepare_config(config: DictConfig) -> Any:
         if manager != AGENT_LOOP_MANAGER:
             raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager!r}: Laminar needs "
                              f"{AGENT_LOOP_MANAGER} (it pins every request of a group to one replica and version)")
+        sync_step = derive_parameter_sync_step(config)
+        if OmegaConf.select(config, SYNC_STEP_KEY, default=None) is None:
+            logger.info("laminar: %s = train_batch_size / ppo_mini_batch_size = %d (mini-batch updates per "
+                        "publication)", SYNC_STEP_KEY, sync_step)
+        OmegaConf.update(config, SYNC_STEP_KEY, sync_step, force_add=True)
+        # the relay stores and sends each version in the rollout's dtype (verl's FSDP actor keeps fp32 masters:
+        # twice the bytes on every node and every hop); the engine casts floating-point tensors to it
+        dtype_key = f"{CHECKPOINT_ENGINE_KEY}.engine_kwargs.laminar.dtype"
+        if OmegaConf.select(config, dtype_key, default=None) is None:
+            OmegaConf.update(config, dtype_key, str(OmegaConf.select(config, "actor_rollout_ref.rollout.dtype",
+                                                                     default="bfloat16")), force_add=True)
         # verl's separate_async base reads its own keys; one source of truth: trainer.v1.laminar
         for key in ("parameter_sync_step", "num_warmup_batches"):
             value = OmegaConf.select(config, f"trainer.v1.laminar.{key}")

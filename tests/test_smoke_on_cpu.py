@@ -1,0 +1,63 @@
+"""The GPU smoke run's CPU-checkable parts: its plan (refuses a single GPU, sets a bucket below the fixture's
+largest tensor) and its verdict on a run's log. The verdict also judges the real CPU Laminar e2e run
+(tests/trainer/test_laminar_e2e_on_cpu.py), so it is checked on a real log, not only on these lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from laminar_testing import REPO
+from verl_laminar.smoke import evaluate, plan
+
+STEP = ("step:{s} - laminar/trajectories/trained:{t} - actor/pg_loss:0.1 - timing_s/step:1.0")
+LOG = "\n".join(["laminar: replica 0 loaded version 0", "laminar: replica 1 loaded version 0",
+                 STEP.format(s=1, t=32), "laminar: replica 0 loaded version 1", "laminar: replica 1 loaded version 1",
+                 STEP.format(s=2, t=64), "laminar: replica 1 loaded version 2", "laminar: replica 0 loaded version 2",
+                 STEP.format(s=3, t=96)])
+
+
+def test_plan_needs_a_trainer_gpu_and_a_rollout_gpu(tmp_path):
+    with pytest.raises(ValueError, match="needs 2 or more"):
+        plan(1, 3, 16, tmp_path)
+    cmd, env = plan(3, 3, 16, tmp_path)
+    assert env["REPLICAS"] == "2" and env["STEPS"] == "3" and env["LAMINAR_CPU_PLATFORM"] == "0"
+    assert "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=16" in cmd
+
+
+def test_bucket_is_below_the_fixtures_largest_tensor(tiny_model_dir, tmp_path):
+    from verl_laminar.preflight.model_sizes import model_sizes
+
+    _, largest = model_sizes(str(tiny_model_dir)).largest("bfloat16")
+    cmd, _ = plan(2, 3, 16, tmp_path)
+    bucket = float(next(a for a in cmd if "update_weights_bucket_megabytes" in a).split("=")[1]) * 1024**2
+    assert bucket < largest  # so the oversized-tensor path runs at every refresh
+
+
+def test_verdict_passes_a_good_run_and_names_each_failure():
+    good = evaluate(LOG, steps=3, replicas=2, exit_code=0, shm_before={"old"}, shm_after={"old"})
+    assert good["ok"], good
+    assert good["replica_versions"] == {"0": [0, 1, 2], "1": [0, 1, 2]}
+    stuck = evaluate(LOG.replace("replica 1 loaded version 1", "replica 1 loaded version 0").replace(
+        "replica 1 loaded version 2", "replica 1 loaded version 0"), 3, 2, 0, set(), set())
+    assert not stuck["checks"]["every_replica_reached_last_version"]
+    leak = evaluate(LOG, 3, 2, 0, set(), {"relay0-1234abcd"})
+    assert not leak["checks"]["dev_shm_empty_after"] and leak["left_in_dev_shm"] == ["relay0-1234abcd"]
+    broken = evaluate(LOG + "\nInvariantViolation: mixed versions", 3, 2, 0, set(), set())
+    assert not broken["checks"]["no_invariant_violation"]
+    short = evaluate(LOG, 4, 2, 0, set(), set())
+    assert not short["checks"]["every_step_trained"]
+    assert not evaluate(LOG, 3, 3, 0, set(), set())["checks"]["every_replica_reached_last_version"]
+
+
+def test_dry_run_prints_the_plan_and_one_gpu_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "verl_laminar.smoke", "--gpus", "2", "--dry-run"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["env"]["REPLICAS"] == "1"
+    proc = subprocess.run([sys.executable, "-m", "verl_laminar.smoke", "--gpus", "1"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "needs 2 or more" in proc.stderr

@@ -1,0 +1,357 @@
+"""The preflight checks: everything a run would trip over in its first hour, found without devices.
+
+Two callers, one set of checks:
+* ``python -m verl_laminar.preflight <overrides>`` composes the config and runs all rows, the construction of verl's
+  trainer class included (every assert verl and Laminar make before touching a device);
+* every ``+laminar=enabled`` run calls :func:`start_checks` from the trainer's constructor: the estimates
+  (bucket, memory, chain, timeouts) with the same thresholds, raising :class:`PreflightError` on a failing row.
+
+A row is ``ok``, ``warn`` (works, but look) or ``fail`` (would break; ``detail`` names the key and the fix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+OK, WARN, FAIL = "ok", "warn", "fail"
+BUCKET_KEY = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+UTIL_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+# What a rollout GPU holds besides vLLM's share (gpu_memory_utilization) and verl's weight bucket: the CUDA
+# context of the engine and of verl's sender process, allocator slack. An assumption, stated in the row.
+CUDA_RESERVE_BYTES = 2 * GIB
+
+
+class PreflightError(RuntimeError):
+    """A check failed; the message lists every failing row with its fix."""
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    status: str
+    value: str
+    detail: str = ""
+
+
+@dataclass
+class Options:
+    link_gbps: Optional[float] = None  # None: laminar.relay.link_gbps
+    gpu_memory_gib: float = 80.0  # per rollout GPU (H100/A100-80GB; H200: 141)
+    node_role: str = "auto"  # the relay role of the node the checks run on: auto, rollout, master, trainer, none
+    model_config: Optional[str] = None  # a config.json for a model that is neither local nor shipped
+    shm_path: str = "/dev/shm"
+    construct_trainer: bool = True
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # the numbers behind the rows, for --json and tests
+
+    @property
+    def failed(self) -> list[Row]:
+        return [r for r in self.rows if r.status == FAIL]
+
+    def add(self, check: str, status: str, value: str, detail: str = "") -> None:
+        self.rows.append(Row(check, status, value, detail))
+
+    def to_json(self) -> dict:
+        return {"ok": not self.failed, "rows": [asdict(r) for r in self.rows], "facts": self.facts}
+
+    def table(self) -> str:
+        width = max([len(r.check) for r in self.rows] + [5])
+        lines = [f"{'check':<{width}}  status  value", f"{'-' * width}  ------  -----"]
+        for r in self.rows:
+            lines.append(f"{r.check:<{width}}  {r.status:<6}  {r.value}")
+            if r.detail and r.status != OK:
+                lines.append(f"{'':<{width}}          -> {r.detail}")
+        verdict = (f"{len(self.failed)} check(s) would fail: " + ", ".join(r.check for r in self.failed)
+                   if self.failed else "every check passed")
+        return "\n".join(lines + ["", verdict])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(cfg, key, default=default)
+
+
+def trainer_mode(cfg: DictConfig) -> str:
+    return str(_get(cfg, "trainer.v1.trainer_mode", "sync"))
+
+
+# ---- placement ----
+@dataclass(frozen=True)
+class Placement:
+    trainer_nodes: int
+    trainer_gpus: int
+    rollout_nodes: int  # 0: rollouts colocated with the trainer (sync, hybrid engine)
+    rollout_gpus: int
+    tp: int
+    replicas: int
+    relays: int  # one per rollout node plus the master on trainer rank 0's node
+    single_host: bool
+
+
+def placement(cfg: DictConfig, single_host: bool = False) -> Placement:
+    tn, tg = int(_get(cfg, "trainer.nnodes", 1)), int(_get(cfg, "trainer.n_gpus_per_node", 1))
+    rollout = "actor_rollout_ref.rollout"
+    rn = int(_get(cfg, f"{rollout}.nnodes", 0) or 0)
+    rg = int(_get(cfg, f"{rollout}.n_gpus_per_node", 0) or 0) if rn else 0
+    tp = int(_get(cfg, f"{rollout}.tensor_model_parallel_size", 1) or 1)
+    dp = int(_get(cfg, f"{rollout}.data_parallel_size", 1) or 1)
+    pp = int(_get(cfg, f"{rollout}.pipeline_model_parallel_size", 1) or 1)
+    gpus = rn * rg if rn else tn * tg
+    replicas = gpus // (tp * dp * pp) if tp * dp * pp else 0
+    relays = 1 if single_host else rn + 1
+    return Placement(tn, tn * tg, rn, rn * rg, tp, replicas, relays, single_host)
+
+
+def check_placement(report: Report, cfg: DictConfig, p: Placement) -> None:
+    mode = trainer_mode(cfg)
+    per_node = int(_get(cfg, "actor_rollout_ref.rollout.n_gpus_per_node", 0) or 0) if p.rollout_nodes else \
+        int(_get(cfg, "trainer.n_gpus_per_node", 1))
+    where = (f"trainer {p.trainer_nodes} node(s) / {p.trainer_gpus} GPUs; rollouts {p.rollout_nodes} node(s) / "
+             f"{p.rollout_gpus} GPUs" if p.rollout_nodes else f"{p.trainer_gpus} GPUs, rollouts colocated")
+    value = f"{where}; {p.replicas} replicas of TP={p.tp}"
+    if mode != "sync" and not p.rollout_nodes:
+        report.add("placement", FAIL, value, f"trainer_mode={mode} needs standalone rollout devices: set "
+                   "actor_rollout_ref.rollout.nnodes and actor_rollout_ref.rollout.n_gpus_per_node")
+    elif per_node % p.tp or p.tp > per_node:
+        report.add("placement", FAIL, value, f"actor_rollout_ref.rollout.tensor_model_parallel_size={p.tp} must "
+                   f"divide the {per_node} GPUs per rollout node (a replica's TP group stays on one machine)")
+    elif p.replicas < 1:
+        report.add("placement", FAIL, value, "no rollout replica fits the rollout GPUs; lower "
+                   "tensor_model_parallel_size or give the rollouts more GPUs")
+    else:
+        lam_replicas = _get(cfg, "laminar.replicas") if mode == "laminar" else None
+        if lam_replicas is not None and int(lam_replicas) != p.replicas:
+            report.add("placement", FAIL, value, f"laminar.replicas={lam_replicas} but the rollout GPUs hold "
+                       f"{p.replicas}; remove laminar.replicas (it is derived) or change the rollout placement")
+        else:
+            report.add("placement", OK, value)
+    report.facts["placement"] = asdict(p)
+
+
+# ---- weights ----
+def check_weights(report: Report, cfg: DictConfig, opts: Options, ipc: bool) -> Optional[int]:
+    """Version size and the bucket rule; returns the version's bytes (None when the sizes are unknown)."""
+    from verl_laminar.preflight.model_sizes import ModelSizeError, model_sizes
+
+    path = str(_get(cfg, "actor_rollout_ref.model.path", ""))
+    dtype = str(_get(cfg, "actor_rollout_ref.rollout.dtype", "bfloat16"))
+    try:
+        sizes = model_sizes(path, opts.model_config)
+    except (ModelSizeError, OSError, KeyError) as e:
+        report.add("weights.version", FAIL, f"model {path!r}: sizes unknown", str(e))
+        return None
+    version = sizes.version_bytes(dtype)
+    name, largest = sizes.largest(dtype)
+    report.facts.update(model=path, model_sizes_from=sizes.source, parameters=sizes.parameters, dtype=dtype,
+                        version_bytes=version, largest_tensor=name, largest_tensor_bytes=largest)
+    report.add("weights.version", OK, f"{sizes.parameters / 1e9:.2f} B parameters, {_gb(version)} per version in "
+               f"{dtype} (sizes from {sizes.source})")
+    mode = trainer_mode(cfg)
+    if mode == "sync" and bool(_get(cfg, "actor_rollout_ref.hybrid_engine", True)):
+        report.add("weights.bucket", OK, "colocated rollouts: weights move inside each GPU (no bucket transfer)")
+        return version
+    bucket = int(float(_get(cfg, BUCKET_KEY, 2048)) * 1024**2)
+    util = float(_get(cfg, UTIL_KEY, 0.5))
+    report.facts.update(bucket_bytes=bucket, gpu_memory_utilization=util)
+    value = f"largest tensor {name} {_gb(largest)} vs bucket {_gb(bucket)}"
+    if not ipc:
+        # host shared-memory path (no CUDA IPC): a tensor must fit the bucket verl allocates
+        if largest > bucket:
+            need_mb = -(-largest // 1024**2)
+            report.add("weights.bucket", FAIL, value, f"without CUDA IPC a tensor travels inside one bucket; set "
+                       f"{BUCKET_KEY}={need_mb} or more")
+        else:
+            report.add("weights.bucket", OK, value)
+        return version
+    # CUDA: verl's sender keeps one bucket on the rollout GPU and sends a larger tensor on its own (Laminar copies
+    # it to the device first); both live outside vLLM's share of the GPU
+    headroom = opts.gpu_memory_gib * GIB * (1.0 - util) - CUDA_RESERVE_BYTES
+    need = bucket + (largest if largest > bucket else 0)
+    report.facts.update(gpu_headroom_bytes=int(headroom), bucket_transfer_bytes=need)
+    value += f"; needs {_gb(need)} beside vLLM's {util:.2f} of {opts.gpu_memory_gib:g} GiB (free {_gb(headroom)})"
+    if need > headroom:
+        max_util = 1.0 - (need + CUDA_RESERVE_BYTES) / (opts.gpu_memory_gib * GIB)
+        fix = (f"lower {UTIL_KEY} to {max_util:.2f} or less" if max_util > 0.3 else
+               "use GPUs with more memory or a higher tensor_model_parallel_size")
+        if largest > bucket:
+            fix += f" (a bucket of {-(-largest // 1024**2)} MiB would carry the largest tensor with no extra copy)"
+        report.add("weights.bucket", FAIL, value, f"the weight transfer would run the rollout GPU out of memory at "
+                   f"the first refresh: {fix}")
+    elif largest > bucket:
+        report.add("weights.bucket", WARN, value, f"{name} is sent on its own through a device copy; "
+                   f"{BUCKET_KEY}={-(-largest // 1024**2)} would carry it in the bucket")
+    else:
+        report.add("weights.bucket", OK, value)
+    return version
+
+
+# ---- relays (Laminar only) ----
+def node_role(opts: Options, single_host: bool) -> str:
+    if opts.node_role != "auto":
+        return opts.node_role
+    if single_host:
+        return "master"  # one host: its relay is the master, and the rollouts read from it
+    from verl_laminar.platform.cpu import no_accelerator_present
+
+    return "none" if no_accelerator_present() else "rollout"
+
+
+def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Placement, version: int) -> None:
+    from verl_laminar.policy.relay_memory import relay_host_bytes
+    from verl_laminar.policy.timeouts import broadcast_time_s, refresh_deadlines
+
+    keep = int(lam.relay.keep_versions)
+    need = {role: relay_host_bytes(version, keep, role) for role in ("rollout", "master", "trainer")}
+    report.facts.update(relay_host_bytes=need, keep_versions=keep, relays=p.relays)
+    report.add("relay.host_memory", OK, f"per rollout node {_gb(need['rollout'])} ({need['rollout'] / version:.2f}x "
+               f"the version), master node {_gb(need['master'])}, trainer-only nodes {_gb(need['trainer'])} "
+               f"(laminar.relay.keep_versions={keep})")
+    role = node_role(opts, p.single_host)
+    if role in ("rollout", "master"):
+        free = shutil.disk_usage(opts.shm_path).free if os.path.isdir(opts.shm_path) else 0
+        report.facts["shm_free_bytes"] = free
+        value = f"{opts.shm_path} free {_gb(free)} on this node ({role}), needs {_gb(need[role])}"
+        if free < need[role]:
+            report.add("relay.dev_shm", FAIL, value, f"enlarge {opts.shm_path} to at least {_gb(need[role])} "
+                       "(docker run --shm-size, Kubernetes emptyDir medium: Memory with sizeLimit) or lower "
+                       "laminar.relay.keep_versions")
+        else:
+            report.add("relay.dev_shm", OK, value)
+    else:
+        report.add("relay.dev_shm", WARN, f"this node hosts no relay (role {role})",
+                   f"each rollout node needs {_gb(need['rollout'])} free in /dev/shm and the master's node "
+                   f"{_gb(need['master'])}: run the preflight there with --node-role rollout (or master)")
+    link = float(opts.link_gbps if opts.link_gbps is not None else lam.relay.link_gbps)
+    t_chain = broadcast_time_s(version, p.relays, link)
+    deadlines = refresh_deadlines(version, p.relays, lam_refresh_settings(lam, link))
+    report.facts.update(link_gbps=link, broadcast_s=t_chain, wait_readable_s=deadlines.wait_readable_s,
+                        load_s=deadlines.load_s, retries=deadlines.retries)
+    report.add("relay.broadcast", OK, f"T*(p={p.relays}) = {t_chain:.1f} s for {_gb(version)} at {link:g} Gbit/s "
+               "per hop")
+    value = (f"wait for a version {deadlines.wait_readable_s:.0f} s, load {deadlines.load_s:.0f} s, "
+             f"{deadlines.retries} retries")
+    if deadlines.wait_readable_s < t_chain:
+        report.add("refresh.timeouts", FAIL, value, f"a replica gives up before the chain can deliver a version "
+                   f"({t_chain:.0f} s); raise laminar.refresh.min_wait_s or laminar.refresh.wait_factor")
+    else:
+        report.add("refresh.timeouts", OK, value)
+
+
+def lam_refresh_settings(lam: Any, link_gbps: float) -> Any:
+    from verl_laminar.policy.timeouts import RefreshSettings
+
+    r = lam.refresh
+    return RefreshSettings(link_gbps=link_gbps, wait_factor=r.wait_factor, min_wait_s=r.min_wait_s,
+                           retries=r.retries)
+
+
+# ---- the whole run ----
+@contextlib.contextmanager
+def _row(report: Report, check: str, ok_value: str = "passed") -> Iterator[None]:
+    """Run one check; an exception becomes its failing row (the message is verl's or ours, with the fix)."""
+    n = len(report.rows)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - any construction-time error is exactly what the preflight reports
+        report.add(check, FAIL, type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else repr(e))
+        return
+    if len(report.rows) == n:
+        report.add(check, OK, ok_value)
+
+
+_IN_PREFLIGHT = False  # the trainer's own start checks are not repeated inside the preflight's construction
+
+
+def in_preflight() -> bool:
+    return _IN_PREFLIGHT
+
+
+def construct_trainer(cfg: DictConfig) -> None:
+    """Build verl's trainer class for ``trainer.v1.trainer_mode`` as TaskRunnerV1 does, without ``init()``: every
+    check verl (and Laminar's trainer) makes in a constructor runs, and nothing touches a device or Ray."""
+    global _IN_PREFLIGHT
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    cfg = copy.deepcopy(cfg)
+    with OmegaConf.read_write(cfg):
+        OmegaConf.update(cfg, "transfer_queue.enable", True, force_add=True)
+    OmegaConf.resolve(cfg)
+    _IN_PREFLIGHT = True
+    try:
+        get_trainer_cls(trainer_mode(cfg))(config=cfg)
+    finally:
+        _IN_PREFLIGHT = False
+
+
+def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
+               platform: Optional[Callable[[Report, DictConfig], bool]] = None) -> Report:
+    """Every check on a composed config; ``platform`` adds the platform row and returns whether the job is CPU."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from verl_laminar.data.validate import check_data_files
+
+    opts = opts or Options()
+    report = Report()
+    mode = trainer_mode(cfg)
+    report.facts["trainer_mode"] = mode
+    cpu_job = platform(report, cfg) if platform is not None else False
+    with _row(report, "verl.validate_config"):
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    with _row(report, "data.files"):
+        check_data_files(cfg)
+    lam = None
+    prepared = cfg
+    if mode == "laminar":
+        from verl_laminar.trainer import runtime
+
+        prepared = copy.deepcopy(cfg)
+        with _row(report, "laminar.config"):
+            lam = runtime.prepare_config(prepared)
+            report.facts["parameter_sync_step"] = int(_get(prepared, runtime.SYNC_STEP_KEY))
+    if opts.construct_trainer:
+        with _row(report, "trainer.construct", f"{mode} trainer constructed (verl's and Laminar's asserts)"):
+            construct_trainer(cfg)
+    p = placement(cfg, single_host=cpu_job)
+    check_placement(report, cfg, p)
+    version = check_weights(report, prepared, opts, ipc=not cpu_job)
+    if lam is not None and version is not None:
+        check_relays(report, prepared, lam, opts, p, version)
+    return report
+
+
+def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> Report:
+    """The estimates at the start of a ``+laminar=enabled`` run (the config is already prepared); raises
+    :class:`PreflightError` naming every failing row, logs the table otherwise."""
+    from verl_laminar.platform.cpu import cpu_platform_requested
+
+    opts = opts or Options(construct_trainer=False)
+    cpu_job = cpu_platform_requested()
+    report = Report()
+    p = placement(cfg, single_host=cpu_job)
+    check_placement(report, cfg, p)
+    version = check_weights(report, cfg, opts, ipc=not cpu_job)
+    if version is not None:
+        check_relays(report, cfg, lam, opts, p, version)
+    if report.failed:
+        raise PreflightError("laminar preflight failed at start:\n" + report.table())
+    logger.info("laminar preflight at start:\n%s", report.table())
+    return report
