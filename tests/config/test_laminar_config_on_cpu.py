@@ -61,6 +61,12 @@ BAD_VALUES = [
     ({"relay.transport": "rdma"}, "laminar.relay.transport='rdma': must be one of 'tcp'"),
     ({"relay.keep_versions": 0}, "laminar.relay.keep_versions=0: must be >= 1"),
     ({"relay.chunk_mb": -1}, "laminar.relay.chunk_mb=-1.0: must be null (chunk count from the broadcast"),
+    ({"relay.link_gbps": 0}, "laminar.relay.link_gbps=0.0: must be > 0 Gbit/s"),
+    ({"relay.link_gbps": "fast"}, "laminar.relay.link_gbps='fast': must be of type float, got str"),
+    ({"refresh.wait_factor": 0.5}, "laminar.refresh.wait_factor=0.5: must be >= 1"),
+    ({"refresh.min_wait_s": 0}, "laminar.refresh.min_wait_s=0.0: must be > 0 seconds"),
+    ({"refresh.retries": -1}, "laminar.refresh.retries=-1: must be an integer >= 0"),
+    ({"refresh.retries": 1.5}, "laminar.refresh.retries=1.5: must be of type int, got float"),
     ({"pool.flush_tokens": 0}, "laminar.pool.flush_tokens=0: must be an integer >= 1"),
     ({"pool.flush_interval_s": 0}, "laminar.pool.flush_interval_s=0.0: must be > 0 seconds"),
     ({"heartbeat.interval_s": -1}, "laminar.heartbeat.interval_s=-1.0: must be > 0 seconds"),
@@ -93,6 +99,13 @@ def test_unknown_keys_are_rejected_with_the_valid_ones(overrides, unknown, valid
     with pytest.raises(LaminarConfigError) as err:
         build(**overrides)
     assert f"unknown key(s) {unknown};" in str(err.value) and valid in str(err.value)
+
+
+def test_refresh_deadline_keys_are_typed_options():
+    lam = build(**{"relay.link_gbps": 25, "refresh.wait_factor": 2, "refresh.min_wait_s": 30, "refresh.retries": 0})
+    got = (lam.relay.link_gbps, lam.refresh.wait_factor, lam.refresh.min_wait_s, lam.refresh.retries)
+    assert got == (25.0, 2.0, 30.0, 0)
+    assert isinstance(lam.relay.link_gbps, float) and isinstance(lam.refresh.min_wait_s, float)
 
 
 def test_values_are_converted_resolved_and_frozen():

@@ -152,3 +152,13 @@ def test_cpu_platform_forced_on_a_gpu_recipe_fails(recipes, monkeypatch):
     monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "1")
     failed = _failed(preflight(recipes["math_7b_laminar"]))
     assert "platform" in failed and "LAMINAR_CPU_PLATFORM" in failed["platform"], failed
+
+
+def test_engine_timeout_shorter_than_one_hop_fails_and_is_derived_when_unset(recipes):
+    """A 72B version (145 GB) takes ~116 s over one 10 Gbit/s hop; verl's engine default of 60 s would cut off the
+    pull from an upstream relay (the path a rollout takes when its local relay died)."""
+    key = "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.timeout_s"
+    failed = _failed(preflight(_with(recipes["math_72b_laminar"], f"{key}=60")))
+    assert "relay.engine_timeout" in failed and "or more" in failed["relay.engine_timeout"], failed
+    facts = preflight(recipes["math_72b_laminar"]).facts
+    assert facts["engine_timeout_s"] >= facts["hop_copy_s"] > 100

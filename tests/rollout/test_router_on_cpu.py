@@ -1,14 +1,22 @@
 """LaminarRouter with fake replicas: a fake server labels outputs with the version it serves, a fake refresher
-changes that version. Checks whole-group placement, per-replica refresh only at batch end, version pinning."""
+changes that version, a fake relay commits versions (slowly, or never). Checks whole-group placement,
+per-replica refresh only at batch end, version pinning, refresh deadlines, retries and evicted versions."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import time
 
 import pytest
+from laminar_testing import ActorShell
 
 from verl_laminar.policy.dispatch import RoutingError
+from verl_laminar.policy.timeouts import RefreshSettings
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+
+FAST = RefreshSettings(min_wait_s=0.3, retry_backoff_s=0.0)  # test-sized floor, immediate retries
 
 
 class _Ready:
@@ -131,13 +139,16 @@ def test_unpinned_or_wrong_version_requests_raise():
 
 def test_failed_refresh_fails_waiting_groups_loudly():
     async def main():
+        tries = []
+
         async def broken(replica, version):
+            tries.append(version)
             if version > 0:
                 raise OSError("relay gone")
             replica.server.version = version
 
         reps = [ReplicaHandles(0, "a0", FakeServer())]
-        router = LaminarRouter(reps, groups_per_batch=1, refresher=broken)
+        router = LaminarRouter(reps, groups_per_batch=1, refresher=broken, refresh=FAST)
         await router.start(0)
         await router.assign_group("g1", 1)
         waiting = asyncio.ensure_future(router.assign_group("g2", 1))
@@ -147,6 +158,7 @@ def test_failed_refresh_fails_waiting_groups_loudly():
             await waiting
         with pytest.raises(RuntimeError, match="failed refresh"):
             await router.assign_group("g3", 1)
+        assert tries == [0] + [1] * (FAST.retries + 1)  # a lasting failure stops the run after the retries
 
     asyncio.run(main())
 
@@ -167,23 +179,184 @@ def test_close_stops_refreshes_and_dispatch():
     asyncio.run(main())
 
 
-def test_a_refresh_waits_until_the_relay_has_committed_the_version():
-    class Relay:
-        def __init__(self):
-            self.calls = 0
+class FakeRelay:
+    """A machine-local relay: ``versions`` committed, plus at most one version ``arriving`` whose chunks come in
+    one every ``chunk_s`` (``progress``) until all ``chunks`` are there and it commits; ``chunk_s=None``: its
+    chunks never come (a dead chain)."""
 
-        async def _newest(self):
+    def __init__(self, versions=(), total_bytes: int = 1 << 20, chunk_size: int = 1 << 16) -> None:
+        self.committed = list(versions)
+        self.total_bytes, self.chunk_size = total_bytes, chunk_size
+        self.arriving = None  # (version, started, chunk_s, chunks)
+        self.calls = 0
+
+    def send(self, version: int, chunk_s, chunks: int) -> None:
+        self.arriving = (version, time.monotonic(), chunk_s, chunks)
+
+    def _tick(self) -> None:
+        if self.arriving is None:
+            return
+        v, t0, chunk_s, chunks = self.arriving
+        if chunk_s is not None and time.monotonic() - t0 >= chunk_s * chunks:
+            self.committed.append(v)
+            self.arriving = None
+
+    def newest(self):
+        self.calls += 1
+        self._tick()
+        return max(self.committed) if self.committed else None
+
+    def versions(self):
+        self._tick()
+        return sorted(self.committed)
+
+    def progress(self):
+        self._tick()
+        if self.arriving is None:
+            return {}
+        v, t0, chunk_s, chunks = self.arriving
+        return {v: 0 if chunk_s is None else int((time.monotonic() - t0) / chunk_s)}
+
+    def describe(self, version=None):
+        m = {"version": version, "total_bytes": self.total_bytes, "chunk_size": self.chunk_size, "tensors": []}
+        return {"version": version, "path": f"/relay/v{version}", "manifest": json.dumps(m)}
+
+
+def one_replica(refresher=None, relay=None, refresh=FAST):
+    server = FakeServer()
+
+    async def load(replica, version):
+        server.version = version
+
+    router = LaminarRouter([ReplicaHandles(0, "a0", server)], groups_per_batch=1, refresher=refresher or load,
+                           relays={0: ActorShell(relay)} if relay is not None else None, refresh=refresh)
+    return router, server
+
+
+def attempts(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "attempt" in r.getMessage()]
+
+
+def test_a_slow_relay_that_keeps_delivering_chunks_is_waited_for_past_the_floor(caplog):
+    async def main():
+        relay = FakeRelay()
+        relay.send(0, chunk_s=0.05, chunks=20)  # commits after ~1 s, more than three floors of 0.3 s
+        router, server = one_replica(relay=relay, refresh=RefreshSettings(min_wait_s=0.3, retries=0))
+        t0 = time.monotonic()
+        assert await router.start(0) == {0: 0}
+        assert time.monotonic() - t0 > 0.9 and server.version == 0
+        assert router._version_bytes == relay.total_bytes and router._version_chunks == 16  # learnt for deadlines
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    assert attempts(caplog) == []
+
+
+def test_a_relay_that_never_progresses_times_out_after_the_retries(caplog):
+    async def main():
+        relay = FakeRelay()
+        relay.send(0, chunk_s=None, chunks=20)
+        router, server = one_replica(relay=relay, refresh=RefreshSettings(min_wait_s=0.2, retries=2,
+                                                                          retry_backoff_s=0.0))
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="failed refresh") as err:
+            await router.start(0)
+        assert isinstance(err.value.__cause__, TimeoutError)
+        cause = str(err.value.__cause__)
+        assert "no chunk arrived" in cause and "laminar.refresh.min_wait_s" in cause
+        assert time.monotonic() - t0 > 3 * 0.2 and server.version == -1
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    logged = attempts(caplog)
+    assert len(logged) == 2
+    assert all("replica 0 to version 0" in m and "ReadableTimeout" in m for m in logged)
+    assert "attempt 1 of 3" in logged[0] and "attempt 2 of 3" in logged[1]
+
+
+def test_a_refresh_that_fails_once_is_retried_and_the_run_goes_on(caplog):
+    async def main():
+        tries = []
+
+        async def flaky(replica, version):
+            tries.append(version)
+            if tries.count(version) == 1 and version == 1:
+                raise OSError("relay connection reset")
+            replica.server.version = version
+
+        router, server = one_replica(refresher=flaky)
+        await router.start(0)
+        await router.assign_group("g1", 1)
+        await router.on_publish(1)
+        await router.finish_group("g1")
+        a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
+        assert (a.version, server.version, tries) == (1, 1, [0, 1, 1])
+        assert router.versions() == {0: 1} and router._error is None
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    logged = attempts(caplog)
+    assert len(logged) == 1 and "replica 0 to version 1: attempt 1 of 3" in logged[0] and "OSError" in logged[0]
+
+
+def test_a_load_past_its_deadline_stops_the_run_without_a_second_load(caplog):
+    async def main():
+        tries = []
+
+        async def hung(replica, version):
+            tries.append(version)
+            await asyncio.sleep(60)
+
+        router, server = one_replica(refresher=hung, refresh=RefreshSettings(min_wait_s=0.2, retry_backoff_s=0.0))
+        with pytest.raises(RuntimeError, match="failed refresh") as err:
+            await router.start(0)
+        assert isinstance(err.value.__cause__, TimeoutError) and "did not finish loading" in str(err.value.__cause__)
+        assert tries == [0]  # the first load may still run on the workers: no second one interleaves with it
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    assert attempts(caplog) == []
+
+
+def test_a_version_evicted_from_the_relay_loads_the_newest_readable_instead(caplog):
+    async def main():
+        relay = FakeRelay(versions=[0])
+        loads = []
+        router = None
+
+        async def load(replica, version):
+            if version == 1:
+                # while replica 0 got to loading 1, the trainer published 2 and 3 and the relay evicted 1
+                relay.committed = [2, 3]
+                await router.on_publish(2)
+                await router.on_publish(3)
+                raise RuntimeError("ray.exceptions.RayTaskError(VersionGoneError): version 1 was evicted")
+            loads.append(version)
+            replica.server.version = version
+
+        router, server = one_replica(refresher=load, relay=relay)
+        await router.start(0)
+        await router.assign_group("g1", 1)
+        relay.committed = [0, 1]
+        await router.on_publish(1)
+        await router.finish_group("g1")
+        a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
+        assert (a.version, server.version, loads) == (3, 3, [0, 3])
+        assert router.versions() == {0: 3} and router._error is None
+        assert [(r, v) for r, v, _ in router.drain_events()["versions"]] == [(0, 0), (0, 3)]
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    assert attempts(caplog) == []  # not a failure: no retry used
+    assert any("version 1 left its relay" in r.getMessage() and "loading version 3" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_refresh_waits_until_the_relay_has_committed_the_version():
+    class Relay(FakeRelay):
+        def newest(self):
             self.calls += 1
             return 0 if self.calls < 3 else 1
-
-        @property
-        def newest(self):
-            outer = self
-
-            class M:
-                def remote(self):
-                    return outer._newest()
-            return M()
 
     async def main():
         tries = []
@@ -194,7 +367,7 @@ def test_a_refresh_waits_until_the_relay_has_committed_the_version():
 
         relay = Relay()
         router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=loader,
-                               relays={0: relay})
+                               relays={0: ActorShell(relay)})
         await router.start(0)
         await router.on_publish(1)
         for _ in range(100):

@@ -129,3 +129,31 @@ def test_gpu_default_b_is_the_roofline_ridge(monkeypatch):
     monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "0")
     # no GPU visible here: the H100 datasheet ridge, peak / bandwidth for bf16 (989.5 TFLOP/s / 3.35 TB/s)
     assert runtime.default_max_batch() == 295
+
+
+def test_parameter_sync_step_is_derived_from_the_batch_as_in_the_paper(recipe_cfg):
+    """512 prompts in mini-batches of 32: 16 updates, then one publication (verl's separate_async asserts
+    train_batch_size == parameter_sync_step * ppo_mini_batch_size; a default of 1 failed every paper recipe)."""
+    cfg = recipe_cfg.copy()
+    cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 512, 32
+    runtime.prepare_config(cfg)
+    assert cfg.trainer.v1.laminar.parameter_sync_step == cfg.trainer.v1.separate_async.parameter_sync_step == 16
+    cfg = recipe_cfg.copy()
+    cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 512, 32
+    OmegaConf.update(cfg, runtime.SYNC_STEP_KEY, 1, force_add=True)
+    with pytest.raises(ValueError, match="set it to 16"):
+        runtime.prepare_config(cfg)
+    cfg = recipe_cfg.copy()
+    cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 500, 32
+    with pytest.raises(ValueError, match="not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=32"):
+        runtime.prepare_config(cfg)
+
+
+def test_relay_versions_are_stored_in_the_rollout_dtype(recipe_cfg):
+    cfg = recipe_cfg.copy()
+    runtime.prepare_config(cfg)
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.dtype == "bfloat16"
+    cfg = recipe_cfg.copy()
+    cfg.actor_rollout_ref.rollout.dtype = "float16"
+    runtime.prepare_config(cfg)
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.dtype == "float16"

@@ -57,6 +57,20 @@ class DispatchConfig(_Section):
 class RefreshConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.refresh"
     policy: Literal["on_batch_end"] = "on_batch_end"
+    wait_factor: float = 3.0
+    min_wait_s: float = 120.0
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        self._require("wait_factor", self.wait_factor >= 1,
+                      "must be >= 1: the deadline is this many times the modelled broadcast time, and a "
+                      "deadline below the model fails healthy transfers; e.g. 3.0")
+        self._require("min_wait_s", self.min_wait_s > 0,
+                      "must be > 0 seconds (the shortest refresh deadline, used until the version size is known), "
+                      "e.g. 120.0")
+        self._require("retries", self.retries >= 0,
+                      "must be an integer >= 0 (further attempts of a failed wait or load before the run stops), "
+                      "e.g. 2")
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,12 @@ class RelayConfig(_Section):
     transport: Literal["tcp"] = "tcp"
     chunk_mb: Optional[float] = None
     keep_versions: int = 2
+    link_gbps: float = 10.0
 
     def __post_init__(self) -> None:
+        self._require("link_gbps", self.link_gbps > 0,
+                      "must be > 0 Gbit/s, the bandwidth one TCP hop between relays sustains, e.g. 10.0 "
+                      "on 10 GbE")
         self._require(
             "chunk_mb",
             self.chunk_mb is None or self.chunk_mb > 0,

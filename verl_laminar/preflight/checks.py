@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +218,7 @@ def node_role(opts: Options, single_host: bool) -> str:
 
 def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Placement, version: int) -> None:
     from verl_laminar.policy.relay_memory import relay_host_bytes
-    from verl_laminar.policy.timeouts import broadcast_time_s, refresh_deadlines
+    from verl_laminar.policy.timeouts import RefreshSettings, broadcast_time_s, refresh_deadlines
 
     keep = int(lam.relay.keep_versions)
     need = {role: relay_host_bytes(version, keep, role) for role in ("rollout", "master", "trainer")}
@@ -239,28 +241,40 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
         report.add("relay.dev_shm", WARN, f"this node hosts no relay (role {role})",
                    f"each rollout node needs {_gb(need['rollout'])} free in /dev/shm and the master's node "
                    f"{_gb(need['master'])}: run the preflight there with --node-role rollout (or master)")
-    link = float(opts.link_gbps if opts.link_gbps is not None else lam.relay.link_gbps)
+    settings = RefreshSettings.from_laminar(lam)
+    if opts.link_gbps is not None:
+        settings = dataclasses.replace(settings, link_gbps=float(opts.link_gbps))
+    link = settings.link_gbps
     t_chain = broadcast_time_s(version, p.relays, link)
-    deadlines = refresh_deadlines(version, p.relays, lam_refresh_settings(lam, link))
-    report.facts.update(link_gbps=link, broadcast_s=t_chain, wait_readable_s=deadlines.wait_readable_s,
-                        load_s=deadlines.load_s, retries=deadlines.retries)
+    t_hop = broadcast_time_s(version, 2, link)  # one copy over one hop: what a pull from a neighbour takes
+    deadlines = refresh_deadlines(version, p.relays, settings)
+    report.facts.update(link_gbps=link, broadcast_s=t_chain, hop_copy_s=t_hop,
+                        wait_readable_s=deadlines.wait_readable_s, load_s=deadlines.load_s, retries=deadlines.retries)
     report.add("relay.broadcast", OK, f"T*(p={p.relays}) = {t_chain:.1f} s for {_gb(version)} at {link:g} Gbit/s "
                "per hop")
-    value = (f"wait for a version {deadlines.wait_readable_s:.0f} s, load {deadlines.load_s:.0f} s, "
-             f"{deadlines.retries} retries")
-    if deadlines.wait_readable_s < t_chain:
-        report.add("refresh.timeouts", FAIL, value, f"a replica gives up before the chain can deliver a version "
-                   f"({t_chain:.0f} s); raise laminar.refresh.min_wait_s or laminar.refresh.wait_factor")
+    report.add("refresh.timeouts", OK, f"a replica waits up to {deadlines.wait_readable_s:.0f} s without a new "
+               f"chunk, loads within {deadlines.load_s:.0f} s, {deadlines.retries} retries")
+    # the checkpoint engine's own timeout bounds every relay call, a pull of a whole version from the upstream
+    # relay (when the local one died) included: it must outlast one copy over one hop
+    given = _get(cfg, ENGINE_TIMEOUT_KEY)
+    engine_timeout = float(given) if given is not None else engine_timeout_s(deadlines, t_hop)
+    report.facts["engine_timeout_s"] = engine_timeout
+    value = f"{ENGINE_TIMEOUT_KEY.rsplit('.', 1)[1]} {engine_timeout:.0f} s vs one hop's copy {t_hop:.0f} s"
+    if engine_timeout < t_hop:
+        report.add("relay.engine_timeout", FAIL, value, f"{ENGINE_TIMEOUT_KEY}={given} is shorter than one copy "
+                   f"of a version over one hop at {link:g} Gbit/s: remove it (derived from the chain cost model) or "
+                   f"set it to {math.ceil(engine_timeout_s(deadlines, t_hop))} or more")
     else:
-        report.add("refresh.timeouts", OK, value)
+        report.add("relay.engine_timeout", OK, value + ("" if given is not None else " (derived)"))
 
 
-def lam_refresh_settings(lam: Any, link_gbps: float) -> Any:
-    from verl_laminar.policy.timeouts import RefreshSettings
+ENGINE_TIMEOUT_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.timeout_s"
 
-    r = lam.refresh
-    return RefreshSettings(link_gbps=link_gbps, wait_factor=r.wait_factor, min_wait_s=r.min_wait_s,
-                           retries=r.retries)
+
+def engine_timeout_s(deadlines: Any, hop_copy_s: float) -> float:
+    """The relay checkpoint engine's call timeout when the user sets none: the router's readable-wait deadline
+    (already a multiple of the chain's time), and never less than three copies over one hop."""
+    return max(deadlines.wait_readable_s, 3.0 * hop_copy_s)
 
 
 # ---- the whole run ----
@@ -353,5 +367,10 @@ def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> R
         check_relays(report, cfg, lam, opts, p, version)
     if report.failed:
         raise PreflightError("laminar preflight failed at start:\n" + report.table())
+    if _get(cfg, ENGINE_TIMEOUT_KEY) is None and "engine_timeout_s" in report.facts:
+        # workers build their checkpoint engine from this config: give them the derived timeout
+        with open_dict(cfg):
+            OmegaConf.update(cfg, ENGINE_TIMEOUT_KEY, float(math.ceil(report.facts["engine_timeout_s"])),
+                             force_add=True)
     logger.info("laminar preflight at start:\n%s", report.table())
     return report

@@ -16,6 +16,8 @@ Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``
                        prompt + partial response (same version, remaining budget)
 
 A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
+A refresh (``rollout.refresh.ReplicaRefresh``) waits until the replica's relay committed the version, with
+deadlines that scale with the version's size and the chain's length, and retries a failed wait or load.
 It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
 ``acquire_server`` without a pin raises, because an unpinned request could run on any version.
 
@@ -37,11 +39,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
-    RefreshDecision,
     RoutingError,
-    abandon_refresh,
     apply_plan,
-    complete_refresh,
     finish_group,
     initial_state,
     plan_dispatch,
@@ -49,6 +48,8 @@ from verl_laminar.policy.dispatch import (
 )
 from verl_laminar.policy.repack import RepackConfig as RepackPolicy
 from verl_laminar.policy.replica_loss import ReplicaLost
+from verl_laminar.policy.timeouts import RefreshSettings
+from verl_laminar.rollout.refresh import ReplicaRefresh, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
@@ -78,24 +79,29 @@ class RepackSettings:
 
 
 async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
-    from verl_laminar.rollout.refresh import refresh_replica
-
     await refresh_replica(replica.workers, version)
 
 
-class LaminarRouter(ReplicaFailover):
+class LaminarRouter(ReplicaFailover, ReplicaRefresh):
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
-                 not_yet_s: float = 120.0, relays: Optional[dict] = None,
+                 relays: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
-                 reader: Optional[Callable[[str], Any]] = None) -> None:
+                 reader: Optional[Callable[[str], Any]] = None, refresh: Optional[RefreshSettings] = None,
+                 chain_relays: int = 1) -> None:
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
         self._refresher = refresher or _default_refresher
         self._drain_timeout_s, self._clock = drain_timeout_s, clock
-        self._not_yet_s = not_yet_s  # how long a published version may stay unreadable on a relay
-        self._relays = dict(relays or {})  # replica -> its machine-local relay actor (has newest())
+        self._relays = dict(relays or {})  # replica -> its machine-local relay actor (newest(), progress())
+        # refresh deadlines scale with the version's size and the chain's length (policy.timeouts); the
+        # size is learnt from the first committed version's manifest, the floor applies until then
+        self._refresh_settings = refresh or RefreshSettings()
+        self._chain_relays = max(1, int(chain_relays))
+        self._version_bytes: Optional[int] = None
+        self._version_chunks: Optional[int] = None
+        self._poll_s = 0.1
         self._state = initial_state(self._replicas, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
@@ -131,15 +137,20 @@ class LaminarRouter(ReplicaFailover):
         if self._repack is not None and self._repack_task is not None:
             self._spawn(self._repack_round())  # Laminar repacks right after each publication too
 
-    async def start(self, version: int, timeout_s: float = 600.0) -> dict[int, int]:
-        """Publish v0 and wait until every replica serves it (the same refresh path as later versions)."""
+    async def start(self, version: int, timeout_s: Optional[float] = None) -> dict[int, int]:
+        """Publish v0 and wait until every live replica serves it (the same refresh path as later versions).
+
+        ``timeout_s`` None: no overall bound, because each refresh already fails after its own deadlines
+        and retries (``policy.timeouts``), which scale with the model; a fixed bound would kill large ones.
+        """
         await self.on_publish(version)
-        deadline = self._clock() + timeout_s
-        while any(r.version < version for r in self._state.replicas):
+        deadline = None if timeout_s is None else self._clock() + timeout_s
+        while any(r.alive and r.version < version for r in self._state.replicas):
             self._raise_if_failed()
-            if self._clock() > deadline:
+            if deadline is not None and self._clock() > deadline:
                 raise TimeoutError(f"replicas did not load version {version} in {timeout_s} s: {self.versions()}")
             await asyncio.sleep(0.05)
+        self._raise_if_failed()  # every replica died while loading
         if self._repack is not None and self._repack_task is None:
             self._repack_task = asyncio.get_running_loop().create_task(self._repack_loop())
         return self.versions()
@@ -366,62 +377,16 @@ class LaminarRouter(ReplicaFailover):
                     self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
             self._waiters.pop(a.group_id).set_result(a)
 
-    async def _wait_readable(self, replica_id: int, version: int) -> None:
-        """The trainer's publish returns before the relay has committed the version. A load must not start
-        earlier: a failed read after verl's weight-transfer handshake leaves the vLLM receiver out of step."""
-        relay = self._relays.get(replica_id)
-        t0 = self._clock()
-        while relay is not None:
-            newest = await relay.newest.remote()
-            if newest is not None and newest >= version:
-                return
-            if self._clock() - t0 > self._not_yet_s:
-                raise TimeoutError(f"version {version} not committed on replica {replica_id}'s relay after "
-                                   f"{self._not_yet_s} s (newest {newest})")
-            await asyncio.sleep(0.1)
-
-    async def _refresh(self, d: RefreshDecision) -> None:
-        t0 = self._clock()
-        try:
-            while self._inflight[d.replica_id]:
-                # a release is fire-and-forget and may trail finish_group by one message
-                if self._clock() - t0 > self._drain_timeout_s:
-                    raise RuntimeError(f"replica {d.replica_id} still has {self._inflight[d.replica_id]} requests "
-                                       f"in flight {self._drain_timeout_s} s after its batch ended")
-                await asyncio.sleep(0.01)
-            await self._wait_readable(d.replica_id, d.to_version)
-            await self._refresher(self._replicas[d.replica_id], d.to_version)
-        except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
-            if not self._state.replica(d.replica_id).alive or not await self._alive(d.replica_id):
-                # the replica died while loading: it is failed over like any dead replica, dispatch goes on
-                logger.error("refresh of replica %d to version %d failed: the replica is dead (%r)",
-                             d.replica_id, d.to_version, e)
-                self._fail(d.replica_id, f"died while loading version {d.to_version}: {e!r}")
-                return
-            self._state = abandon_refresh(self._state, d.replica_id)
-            logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, e)
-            self._error = e
-            for fut in self._waiters.values():
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"refresh of replica {d.replica_id} failed: {e!r}"))
-            self._waiters.clear()
-            return
-        t1 = self._clock()
-        if not self._state.replica(d.replica_id).alive:
-            return  # it was failed over while loading (its refreshing_to was cleared then)
-        self._state = complete_refresh(self._state, d.replica_id, d.to_version)
-        self._rollout_wait_s += t1 - t0
-        self._refreshes += 1
-        self._events["versions"].append((d.replica_id, d.to_version, t1))
-        logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, d.to_version, t1 - t0)
-        self._pump()
-
 
 def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
                  max_concurrency: int = 10_000, name: str = ROUTER_NAME,
-                 repack: Optional[RepackSettings] = None) -> Any:
-    """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue."""
+                 repack: Optional[RepackSettings] = None, refresh: Optional[RefreshSettings] = None,
+                 chain_relays: int = 1) -> Any:
+    """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue.
+
+    ``refresh`` (``RefreshSettings.from_laminar``) and ``chain_relays`` (the relay chain's length, master
+    included) set the refresh deadlines; the defaults suit one machine."""
     import ray
 
     return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
-        replicas, groups_per_batch, relays=relays, repack=repack)
+        replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays)

@@ -38,6 +38,11 @@ logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 class LaminarTrainer(PPOTrainerSeparateAsync):
     def __init__(self, config: DictConfig) -> None:
         self.laminar = runtime.prepare_config(config)
+        from verl_laminar.preflight import checks
+
+        if not checks.in_preflight():  # the preflight runs these itself, beside the construction of this class
+            # what would break at the first refresh (bucket, relay memory, chain vs timeouts) fails here instead
+            checks.start_checks(config, self.laminar)
         self.accounting = Accounting()
         self.router = None
         self.relay_group = None
@@ -63,7 +68,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
     def _setup(self) -> None:
         super()._setup()
-        from verl_laminar.rollout.router import spawn_router
+        from verl_laminar.rollout.router import RefreshSettings, spawn_router
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])
         replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
@@ -80,7 +85,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         runtime.check_warmup(self.config, len(replicas), gpb)
         repack = runtime.repack_settings(self.laminar)
         self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
-                                   repack=repack)
+                                   repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
+                                   chain_relays=len(ray.get(self.relay_group.plan.remote()).relays))
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
