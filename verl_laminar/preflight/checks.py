@@ -269,6 +269,7 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
 
 
 ENGINE_TIMEOUT_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.timeout_s"
+EXPECTED_BYTES_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.expected_bytes"
 
 
 def engine_timeout_s(deadlines: Any, hop_copy_s: float) -> float:
@@ -367,10 +368,13 @@ def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> R
         check_relays(report, cfg, lam, opts, p, version)
     if report.failed:
         raise PreflightError("laminar preflight failed at start:\n" + report.table())
-    if _get(cfg, ENGINE_TIMEOUT_KEY) is None and "engine_timeout_s" in report.facts:
-        # workers build their checkpoint engine from this config: give them the derived timeout
-        with open_dict(cfg):
-            OmegaConf.update(cfg, ENGINE_TIMEOUT_KEY, float(math.ceil(report.facts["engine_timeout_s"])),
-                             force_add=True)
+    # workers build their checkpoint engine from this config: give them the derived timeout, and the version's
+    # size so that the first publish already copies into a prepared (pinned, on CUDA) buffer
+    derived = {ENGINE_TIMEOUT_KEY: float(math.ceil(report.facts.get("engine_timeout_s", 0))) or None,
+               EXPECTED_BYTES_KEY: report.facts.get("version_bytes")}
+    with open_dict(cfg):
+        for key, value in derived.items():
+            if value is not None and _get(cfg, key) is None:
+                OmegaConf.update(cfg, key, value, force_add=True)
     logger.info("laminar preflight at start:\n%s", report.table())
     return report

@@ -2,15 +2,19 @@
 
 Publisher side: ``publish_tensors`` lays the trainer's ``(name, tensor)`` stream out at aligned
 offsets and copies every tensor straight into the master relay's pre-mapped host memory (from GPU
-that is one device-to-host copy; nothing goes through an intermediate CPU tensor). Reader side:
-``read_tensors`` turns a mapped version back into zero-copy tensors (``torch.frombuffer``).
+that is one device-to-host copy; nothing goes through an intermediate CPU tensor). Floating-point
+tensors are first cast to the rollout's dtype on their own device (verl's FSDP actor hands over its
+fp32 master weights; a bf16 rollout needs half the bytes), so the device-to-host copy moves only
+what the rollout loads. When the publisher's buffer is pinned those copies are asynchronous and the
+writer synchronizes once before handing the version over. Reader side: ``read_tensors`` turns a
+mapped version back into zero-copy tensors (``torch.frombuffer``).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -27,6 +31,36 @@ def to_dtype(name: str) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown tensor dtype {name!r} in a relay manifest; expected a torch dtype name")
     return dt
+
+
+# spellings accepted for the version dtype: torch names plus the short forms verl's configs use
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
+def resolve_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    """The floating-point dtype versions are stored in (None: keep every tensor's own dtype)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        dt = dtype
+    else:
+        name = str(dtype).removeprefix("torch.").lower()
+        dt = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"relay version dtype {dtype!r} is not a floating-point torch dtype; use e.g. "
+                         "'bfloat16' (the rollout's actor_rollout_ref.rollout.dtype) or leave it unset")
+    return dt
+
+
+def stored_dtype(src: torch.dtype, target: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype a tensor of dtype ``src`` is stored in: floats take ``target``, integers and bools stay."""
+    return target if target is not None and src.is_floating_point else src
+
+
+def cast_for_version(t: torch.Tensor, target: Optional[torch.dtype]) -> torch.Tensor:
+    """``t`` in its stored dtype, cast on its own device (so a GPU tensor crosses to the host already narrow)."""
+    dt = stored_dtype(t.dtype, target)
+    return t.detach() if dt == t.dtype else t.detach().to(dt)
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
@@ -50,24 +84,50 @@ def layout(named: Iterable[tuple[str, torch.Tensor]], ranks: Optional[Iterable[O
     return entries, off
 
 
-class VersionWriter:
-    """Accumulates one version tensor by tensor, straight into the publisher's warm buffer if any."""
+def copy_is_async(src: torch.Tensor, target_pinned: bool) -> bool:
+    """Whether a copy of ``src`` into the warm buffer may be non-blocking.
 
-    def __init__(self, publisher: Publisher) -> None:
+    Only a device tensor into page-locked memory: a non-blocking copy into pageable memory is staged
+    synchronously by CUDA anyway, and a CPU source has nothing to overlap with.
+    """
+    return target_pinned and src.device.type == "cuda"
+
+
+def _synchronize(devices: set[torch.device]) -> None:
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
+class VersionWriter:
+    """Accumulates one version tensor by tensor, straight into the publisher's warm buffer if any.
+
+    ``dtype``: floating-point tensors are stored in it (None: as they come).
+    """
+
+    def __init__(self, publisher: Publisher, dtype: Union[None, str, torch.dtype] = None) -> None:
         self.publisher = publisher
+        self.dtype = resolve_dtype(dtype)
         self.t0 = time.perf_counter()
         self._warm = publisher.warm_buffer()
+        self._pinned = self._warm is not None and publisher.warm_is_pinned()
         self._target = torch.frombuffer(self._warm, dtype=torch.uint8) if self._warm is not None else None
         self.entries: list[TensorEntry] = []
         self._parts: list[tuple[int, torch.Tensor]] = []  # host copies of what did not fit the warm buffer
         self._first_spill: Optional[int] = None
+        self._pending: set[torch.device] = set()  # devices with copies into the buffer still in flight
         self._off = 0
 
     def add(self, name: str, t: torch.Tensor, rank: Optional[int] = None) -> None:
+        t = cast_for_version(t, self.dtype)
         e = _entry(name, t, self._off, rank)
         fits = self._target is not None and self._first_spill is None and e.offset + e.nbytes <= len(self._target)
         if fits:
-            self._target[e.offset : e.offset + e.nbytes].copy_(_bytes_of(t))
+            non_blocking = copy_is_async(t, self._pinned)
+            # the source may be freed right after: the caching allocator only reuses its memory for work
+            # queued behind this copy on the same stream, so the bytes stay valid until the copy ran
+            self._target[e.offset : e.offset + e.nbytes].copy_(_bytes_of(t), non_blocking=non_blocking)
+            if non_blocking:
+                self._pending.add(t.device)
         else:
             if self._first_spill is None:
                 self._first_spill = e.offset
@@ -75,12 +135,19 @@ class VersionWriter:
         self.entries.append(e)
         self._off = align_up(self._off + e.nbytes)
 
+    @property
+    def nbytes(self) -> int:
+        """Size of the version so far (the next publish's warm buffer needs at least this)."""
+        return self._off
+
     def publish(self, version: int, tp_size: int = 1, publisher: Optional[Publisher] = None) -> float:
         """Hand the version to the master relay; returns the stall since this writer was created (s).
 
         ``publisher``: another master's, when the first died during this publish. The tensors were consumed
         already, so the bytes gathered here (the dead master's buffer stays mapped) are copied over.
         """
+        _synchronize(self._pending)  # the one wait for every asynchronous device-to-host copy
+        self._pending.clear()
         self._target = None  # release our export of the mapping before the publisher unmaps it
         if publisher is None and self._first_spill is None and self._warm is not None:
             self.publisher.publish_written(version, self._off, tuple(self.entries), tp_size)
@@ -98,13 +165,14 @@ def publish_tensors(
     named: Iterable[tuple[str, torch.Tensor]],
     tp_size: int = 1,
     ranks: Optional[list[Optional[int]]] = None,
+    dtype: Union[None, str, torch.dtype] = None,
 ) -> float:
-    """Publish ``named`` tensors as ``version``; returns the publisher's stall (s).
+    """Publish ``named`` tensors as ``version`` (floats stored as ``dtype``); returns the publisher's stall (s).
 
     With a warm buffer of the right size the tensors are copied in as they arrive; otherwise they
-    are gathered on the host first (the first publish; later ones reuse the size).
+    are gathered on the host first (a first publish nobody warmed; later ones reuse the size).
     """
-    w = VersionWriter(publisher)
+    w = VersionWriter(publisher, dtype)
     for i, (name, t) in enumerate(named):
         w.add(name, t, ranks[i] if ranks else None)
     return w.publish(version, tp_size)

@@ -5,17 +5,25 @@ Dataflow:
                     (on this machine) -> returns; the chain broadcast runs in the background
     other ranks:    iterate the generator (FSDP gathers are collective) and drop the tensors
     rollout worker: receive_weights / get_weights -> this machine's relay (mmap, zero copy) or,
-                    when it is gone, a pull from its upstream neighbour
+                    when it is gone, a pull from its upstream neighbour -> verl's BucketedWeightSender
 Select with ``actor_rollout_ref.rollout.checkpoint_engine.backend=laminar`` and
 ``...checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend``; options go in
-``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``).
+``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``, ``dtype``,
+``expected_bytes``). verl builds the engine from that dict on the actor (``ActorRolloutRefWorker``) and on
+every rollout worker (``CheckpointEngineWorker``) alike, so both sides see the same options.
+
+Lifecycle (verl's ``CheckpointEngineManager.update_weights``, every sync): ``prepare`` on every actor and
+rollout worker -> ``build_topology`` / ``init_process_group`` (nothing to do for relays) -> ``send_weights``
+on the actor ranks while the rollout workers ``receive_weights`` -> ``finalize``. The master's ``prepare``
+maps the publish buffer, so even the first publish copies straight into it when its size is known
+(``expected_bytes``, or ``warm(nbytes)``); later ones reuse the size of the one before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Generator, Optional
+from typing import Any, Generator, Iterable, Optional, Union
 
 import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
@@ -23,34 +31,99 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_laminar.relay.client import pull
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
-from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
 from verl_laminar.relay.publish import Publisher, RayHandle, RelayGoneError
 from verl_laminar.relay.store import StoreReader, VersionGoneError
-from verl_laminar.relay.tensors import VersionWriter, read_tensors
+from verl_laminar.relay.tensors import VersionWriter, read_tensors, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
 BACKEND = "laminar"
+# ``expected_bytes`` counts tensor bytes; each tensor may add up to ALIGN bytes of padding in the version
+WARM_SLACK_BYTES = ALIGN * 65536
 
 
 class RelayUnavailableError(RuntimeError):
     """No relay group or no relay for this machine (the message names the group and the fix)."""
 
 
+class BucketTooSmallError(ValueError):
+    """A tensor cannot pass verl's shared-memory weight bucket (the message names the tensor and the fix)."""
+
+
+# ---- how the rollout side hands tensors to verl's BucketedWeightSender (pure) ----
+def transport_device(nbytes: int, bucket_bytes: int, ipc_supported: bool, device: str) -> Optional[str]:
+    """The device a tensor of ``nbytes`` must be on when handed to verl's sender; None: leave it on the host.
+
+    With IPC (CUDA) verl copies each tensor into its device bucket, except one larger than the bucket,
+    which it passes by ``reduce_tensor`` as a CUDA IPC handle. For a host tensor (our mmap) that yields
+    a CPU-storage pickle the receiver cannot rebuild (``rebuild_ipc`` indexes CUDA handle arguments),
+    so such a tensor must already be on ``device``, the rollout worker's GPU. ``bucket_bytes`` 0: no
+    bucketed consumer (direct readers of the relay), nothing moves.
+    """
+    if ipc_supported and bucket_bytes > 0 and nbytes > bucket_bytes:
+        return device
+    return None
+
+
+def check_bucket_fits(entries: Iterable[TensorEntry], bucket_bytes: int, ipc_supported: bool) -> None:
+    """Without IPC verl's sender asserts on a tensor larger than its bucket, after loading some buckets:
+    refuse before the first one, so a rollout never serves a half-updated model."""
+    if ipc_supported or bucket_bytes <= 0:
+        return
+    big = max(entries, key=lambda e: e.nbytes, default=None)
+    if big is not None and big.nbytes > bucket_bytes:
+        need_mb = -(-big.nbytes // (1 << 20))
+        raise BucketTooSmallError(
+            f"tensor {big.name!r} ({big.nbytes} bytes) exceeds the {bucket_bytes >> 20} MiB weight bucket of "
+            "verl's shared-memory transfer; set actor_rollout_ref.rollout.checkpoint_engine."
+            f"update_weights_bucket_megabytes >= {need_mb}")
+
+
+def _rollout_platform() -> tuple[bool, str]:
+    """(IPC supported, the current device) as verl's sender sees them (it allocates its bucket there)."""
+    from verl.utils.device import get_device_id, get_device_name, is_support_ipc
+
+    return is_support_ipc(), f"{get_device_name()}:{get_device_id()}"
+
+
+def _copy_to_device(t: torch.Tensor, device: str) -> torch.Tensor:
+    # blocking: the source is pageable (the relay's mapping), and verl passes the handle on at once
+    return t.to(device)
+
+
 class RelayCheckpointEngine(CheckpointEngineWithCache):
+    """verl checkpoint engine over the relay group.
+
+    ``dtype``: floating-point weights are stored (and served) in it, e.g. ``"bfloat16"``, the rollout's
+    ``actor_rollout_ref.rollout.dtype``; integer and bool tensors are kept; None keeps every dtype.
+    ``expected_bytes``: the size of a version as stored (after the cast; every name the actor's state dict
+    yields counts, tied weights included), so the master maps the first publish's buffer in ``prepare``;
+    too small or None only makes the first publish gather on the host first.
+    """
+
     def __init__(self, bucket_size: int = 0, is_master: bool = False, group_name: str = DEFAULT_GROUP_NAME,
                  namespace: Optional[str] = None, timeout_s: float = 60.0, relay_id: Optional[str] = None,
+                 dtype: Union[None, str, torch.dtype] = None, expected_bytes: Optional[int] = None,
                  **_: Any) -> None:
         self.bucket_size = bucket_size
         self.is_master = is_master
         self.group_name, self.namespace, self.timeout_s = group_name, namespace, timeout_s
         self.relay_id = relay_id  # None: the relay on this worker's node
+        self.dtype = resolve_dtype(dtype)
+        if expected_bytes is not None and int(expected_bytes) < 0:
+            raise ValueError(f"expected_bytes={expected_bytes!r} must be >= 0 (the version's size in bytes)")
+        self.expected_bytes = int(expected_bytes) if expected_bytes else 0
         self._publisher: Optional[Publisher] = None
         self._last_version = -1
+        self._last_nbytes = 0  # size of the last publish: the next one's buffer
         self.served_version: Optional[int] = None  # the version the last receive/get returned
 
     # ---- verl's topology protocol: relays need no process group ----
     def prepare(self) -> dict[str, Any]:
+        """verl calls this on every worker before each sync: the master makes the coming publish warm."""
+        if self.is_master:
+            self._warm_next()
         return {}
 
     @classmethod
@@ -123,6 +196,26 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         """Resolve the master relay and open the publisher now, so the first publish pays no set-up."""
         if self.is_master:
             self._get_publisher()
+            self._warm_next()
+
+    def warm(self, nbytes: int) -> bool:
+        """Map a publish buffer for a version of ``nbytes`` (as stored) now; returns whether one was mapped.
+
+        For callers that know the size before the first publish by other means than ``expected_bytes``.
+        """
+        if not self.is_master:
+            raise ValueError("warm() maps the master relay's publish buffer: call it on trainer rank 0's engine "
+                             "(is_master=True)")
+        return self._get_publisher().ensure_warm(int(nbytes))
+
+    def _warm_next(self) -> None:
+        nbytes = self._last_nbytes or (self.expected_bytes + WARM_SLACK_BYTES if self.expected_bytes else 0)
+        if not nbytes:
+            return
+        try:
+            self._get_publisher().ensure_warm(nbytes)
+        except OSError as e:  # RelayGoneError, timeouts: send_weights runs the master failover
+            logger.warning("could not pre-map the publish buffer (%s); send_weights will fail over or publish cold", e)
 
     def _master_failover(self, cause: Exception) -> Publisher:
         """A publish to master ``self.relay_id`` failed: if the group finds it dead, the new master's publisher.
@@ -156,14 +249,14 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             publisher = self._get_publisher()
         except RelayGoneError as e:
             publisher = self._master_failover(e)
-        writer = VersionWriter(publisher)
+        writer = VersionWriter(publisher, self.dtype)
         async for name, tensor in ensure_async_iterator(weights):
             writer.add(name, tensor)
         try:
             stall = writer.publish(version)
         except (RelayGoneError, TimeoutError) as e:  # a hung relay times out; the group's check tells if it died
             stall = writer.publish(version, publisher=self._master_failover(e))
-        self._last_version = version
+        self._last_version, self._last_nbytes = version, writer.nbytes
         return {"laminar/relay/publish_s": stall, "laminar/relay/version": version}
 
     # ---- rollout side ----
@@ -186,9 +279,14 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e
 
     def receive_weights(self, global_steps: Optional[int] = None) -> Generator[tuple[str, torch.Tensor], None, None]:
+        """Zero-copy host tensors of the version, except those verl's sender needs on the device."""
         m, view = self._open(global_steps)
         self.served_version = m.version
-        yield from read_tensors(m, view)
+        ipc, device = _rollout_platform() if self.bucket_size > 0 else (False, "")
+        check_bucket_fits(m.tensors, self.bucket_size, ipc)
+        for name, t in read_tensors(m, view):
+            dest = transport_device(t.nbytes, self.bucket_size, ipc, device)
+            yield name, (t if dest is None else _copy_to_device(t, dest))
 
     def get_weights(self) -> Generator[tuple[str, torch.Tensor], None, None]:
         return self.receive_weights(None)
