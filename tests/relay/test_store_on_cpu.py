@@ -1,4 +1,4 @@
-"""Relay store: versions become readable only complete and verified; newest + previous kept."""
+"""Relay store: versions become readable only complete and verified; newest + previous kept (keep_versions=2)."""
 
 import os
 
@@ -71,6 +71,7 @@ def test_restart_recovers_complete_versions_and_drops_torn(tmp_path):
     store = RelayStore(root)
     store.commit(_fill(store, 5, os.urandom(1000)))
     _fill(store, 6, os.urandom(1000), skip=0)  # torn: the relay dies here
+    store.close()  # what its death does to the store's lock; a second live store on one root is refused
     again = RelayStore(root)
     assert again.versions() == [5]
     assert not [f for f in os.listdir(root) if f.startswith("staging")]

@@ -203,3 +203,52 @@ def fallback_source(old: ChainPlan, dead: str, alive: Iterable[str]) -> str:
         if r in live:
             return r
     raise ChainPlanError(f"no live relay left to replace {dead!r} in {old.relays!r}; restart a relay")
+
+
+# ---- chunk count of one broadcast ----
+MiB = 1 << 20
+# Assumptions of the chunk-count model when nothing was measured (laminar.relay.chunk_mb=null). Override them per
+# relay (Relay(link_bytes_per_s=..., chunk_latency_s=...), RelayGroup.spawn(...)) with values measured by
+# ``python -m verl_laminar.bench.relay`` (Relay.probe_copy gives Tb, Relay.probe_latency Ts).
+DEFAULT_LINK_BYTES_PER_S = 1.25e9  # one TCP stream on a 10 Gbit/s link: Tb = 0.8 ns per byte
+DEFAULT_CHUNK_LATENCY_S = 2e-4  # Ts: 42-409 us measured on TCP between relays (docs/relay.md)
+MIN_CHUNK_BYTES = MiB  # below this, per-chunk syscalls and CRC calls dominate whatever the model says
+MAX_CHUNKS = 4096  # bounds the manifest (one CRC per chunk) and per-chunk bookkeeping
+
+
+def broadcast_chunks(
+    total_bytes: int,
+    relays: int,
+    chunk_mb: Optional[float] = None,
+    link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
+    chunk_latency_s: float = DEFAULT_CHUNK_LATENCY_S,
+    min_chunk_bytes: int = MIN_CHUNK_BYTES,
+    max_chunks: int = MAX_CHUNKS,
+) -> int:
+    """Chunk count for broadcasting one ``total_bytes`` version down a chain of ``relays`` (master included).
+
+    ``chunk_mb`` set (``laminar.relay.chunk_mb``): ``ceil(total_bytes / chunk_mb MiB)``, within ``[1, max_chunks]``.
+    Otherwise the count minimising the chain time (``best_chunks``) with ``Tb = 1 / link_bytes_per_s`` and
+    ``Ts = chunk_latency_s``, with no chunk under ``min_chunk_bytes``. The master's checksum pass over the
+    published bytes is one more pipeline stage ahead of the first hop (a chunk is forwarded only once its CRC is
+    recorded), so the chain is planned as ``relays + 1`` stages: with one downstream relay this still pipelines
+    the checksum with the send instead of choosing one chunk.
+    """
+    if int(total_bytes) != total_bytes or total_bytes < 0:
+        raise ChainPlanError(f"total_bytes={total_bytes!r} must be an integer >= 0 (the version's size)")
+    if int(relays) != relays or relays < 1:
+        raise ChainPlanError(f"relays={relays!r} must be an integer >= 1 (the master counts as one relay)")
+    if max_chunks < 1 or min_chunk_bytes < 1:
+        raise ChainPlanError(f"max_chunks={max_chunks!r} and min_chunk_bytes={min_chunk_bytes!r} must be >= 1")
+    if total_bytes == 0:
+        return 1
+    if chunk_mb is not None:
+        if not chunk_mb > 0:
+            raise ChainPlanError(f"laminar.relay.chunk_mb={chunk_mb!r}: must be null (cost model) or MiB > 0")
+        chunk_bytes = max(1, int(chunk_mb * MiB))
+        return min(max(1, -(-int(total_bytes) // chunk_bytes)), max_chunks)
+    if link_bytes_per_s <= 0 or chunk_latency_s < 0:
+        raise ChainPlanError(f"link_bytes_per_s={link_bytes_per_s!r} must be > 0 and chunk_latency_s="
+                             f"{chunk_latency_s!r} >= 0 (measure them with python -m verl_laminar.bench.relay)")
+    cap = max(1, min(max_chunks, int(total_bytes) // min_chunk_bytes))
+    return best_chunks(relays + 1, float(total_bytes), 1.0 / link_bytes_per_s, chunk_latency_s, 1, cap)

@@ -306,7 +306,7 @@ def construct_trainer(cfg: DictConfig) -> None:
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     cfg = copy.deepcopy(cfg)
-    with OmegaConf.read_write(cfg):
+    with open_dict(cfg):
         OmegaConf.update(cfg, "transfer_queue.enable", True, force_add=True)
     OmegaConf.resolve(cfg)
     _IN_PREFLIGHT = True

@@ -1,13 +1,23 @@
 """The relay group: spawns one relay actor per machine, owns the chain plan, replaces dead relays.
 
 Dataflow:
-    spawn(nodes) -> ray.remote(Relay).options(node affinity, CPU only, detached, named) per node
+    sweep_stale_relays (before a spawn) -> relays of earlier runs whose group is gone are killed, and the
+    stores of relays that are gone are removed on every node
+    spawn(nodes) -> ray.remote(Relay).options(node affinity, CPU only, named) per node
     plan_chain (pure) -> set_chain on every relay (each relay learns its downstream + all addresses)
     monitor thread: ping every relay -> a dead one is dropped with rebuild_chain (pure; a new master
     when the master died) -> set_chain on the survivors. Relays also reroute by themselves the moment
     a send to their downstream fails, so a broadcast in flight does not wait for the monitor.
-Plain class: wrap it with ``ray.remote(RelayGroup).options(name=..., lifetime="detached")`` at the
-spawn site so trainer and rollout workers find it by name.
+Plain class: wrap it with ``ray.remote(RelayGroup).options(name=...)`` at the spawn site so trainer and
+rollout workers find it by name.
+
+Lifetimes: nothing here is detached. The group is owned by the process that spawns it (the one running the
+trainer) and owns its relays, so Ray's fate sharing ends every relay when the job ends, crashed or not; a relay
+outliving its job would pin ``keep_versions`` copies of the model in host memory on every node until someone
+noticed.
+``shutdown`` stops the relays and removes their stores; after a crash the store directories are what is left
+(a SIGKILLed relay cleans nothing), and ``sweep_stale_relays`` at the next start removes them, together with
+relays of an earlier version of this code, which were detached.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from verl_laminar.policy.chain import (
     ChainPlan,
@@ -25,6 +35,7 @@ from verl_laminar.policy.chain import (
     plan_chain,
     rebuild_chain,
 )
+from verl_laminar.relay.store import KEEP_VERSIONS
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +47,75 @@ def relay_actor_name(group: str, relay_id: str) -> str:
 
 
 def spawn_relay(group: str, relay_id: str, node_id: str, node_ip: str, namespace: Optional[str] = None,
-                num_cpus: float = 0, root: Optional[str] = None) -> Any:
-    """Start a CPU-only relay actor pinned to ``node_id`` (hard affinity), named for lookup."""
+                num_cpus: float = 0, root: Optional[str] = None, **relay_options: Any) -> Any:
+    """Start a CPU-only relay actor pinned to ``node_id`` (hard affinity), named for lookup, owned by the caller.
+
+    ``relay_options`` go to ``Relay`` (``keep_versions``, ``chunk_mb``, ``auto_chunks``, ``link_bytes_per_s``,
+    ``chunk_latency_s``).
+    """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from verl_laminar.relay.relay import Relay
 
     return ray.remote(Relay).options(
-        name=relay_actor_name(group, relay_id), namespace=namespace, lifetime="detached",
+        name=relay_actor_name(group, relay_id), namespace=namespace,
         num_cpus=num_cpus, num_gpus=0, max_concurrency=64, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(relay_id, root=root, host=node_ip, port=0)
+    ).remote(relay_id, root=root, host=node_ip, port=0, **relay_options)
+
+
+def stale_relay_actors(named: Iterable[dict], group: str) -> list[tuple[str, str]]:
+    """(namespace, name) of the relay actors of ``group`` whose group actor is gone (pure).
+
+    ``named``: ``ray.util.list_named_actors(all_namespaces=True)``. A relay is ``<group>:<relay_id>`` in its job's
+    namespace; it is stale when no actor named ``group`` lives in that namespace. The relay id's run suffix alone
+    would not do: a concurrent job in another namespace may use the same group name, and its relays are alive.
+    """
+    named = list(named)
+    live_groups = {a["namespace"] for a in named if a["name"] == group}
+    prefix = f"{group}:"
+    return sorted((a["namespace"], a["name"]) for a in named
+                  if a["name"].startswith(prefix) and a["namespace"] not in live_groups)
+
+
+def sweep_stale_relays(group: str, node_ids: Iterable[str], timeout_s: float = 30.0,
+                       base: Optional[str] = None) -> dict:
+    """Before a spawn: kill ``group``'s relays left by earlier runs, then remove dead relays' stores on ``node_ids``.
+
+    ``base``: where the stores live (default ``shm_cleanup.relay_store_base()`` on each node). Returns
+    ``{"actors": [(namespace, name), ...], "stores": {node_id: [path, ...]}}`` and logs what it removed.
+    """
+    import ray
+    from ray.exceptions import RayError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from verl_laminar.platform.shm_cleanup import sweep_relay_stores
+
+    stale = stale_relay_actors(ray.util.list_named_actors(all_namespaces=True), group)
+    handles = []
+    for ns, name in stale:
+        try:
+            handles.append(ray.get_actor(name, namespace=ns))
+        except ValueError:  # gone meanwhile
+            continue
+        ray.kill(handles[-1], no_restart=True)
+    if handles:  # their stores unlock only once their processes have exited
+        ray.wait([h.ping.remote() for h in handles], num_returns=len(handles), timeout=timeout_s)
+    nodes = list(dict.fromkeys(node_ids))
+    refs = {n: ray.remote(sweep_relay_stores).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote(base)
+        for n in nodes}
+    stores: dict[str, list[str]] = {}
+    for n, ref in refs.items():
+        try:
+            stores[n] = ray.get(ref, timeout=timeout_s)
+        except RayError as e:  # a node going away (timeouts included)
+            logger.warning("relay group %s: could not sweep relay stores on node %s: %s", group, n, e)
+    if stale or any(stores.values()):
+        logger.info("relay group %s: killed %d relays of earlier runs %s; removed stores of gone relays %s",
+                    group, len(stale), stale, {n: p for n, p in stores.items() if p})
+    return {"actors": stale, "stores": stores}
 
 
 class RelayGroup:
@@ -67,18 +135,30 @@ class RelayGroup:
         self._monitor: Optional[threading.Thread] = None
 
     # ---- membership ----
-    def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: int = 64) -> ChainPlan:
-        """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan."""
+    def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: Optional[int] = None,
+              keep_versions: int = KEEP_VERSIONS, chunk_mb: Optional[float] = None,
+              link_bytes_per_s: Optional[float] = None, chunk_latency_s: Optional[float] = None) -> ChainPlan:
+        """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan.
+
+        ``chunks``: a fixed chunk count for every broadcast (tests, benchmarks); None lets each publish pick it
+        from ``chunk_mb`` (laminar.relay.chunk_mb) or, when that is None, from the chain cost model with
+        ``link_bytes_per_s`` / ``chunk_latency_s`` (None: the defaults in policy.chain). ``keep_versions``:
+        laminar.relay.keep_versions, the copies of the model each relay holds at most.
+        """
         import ray
 
-        handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace) for rid, (nid, ip) in nodes.items()}
+        options: dict[str, Any] = {"keep_versions": keep_versions, "chunk_mb": chunk_mb, "auto_chunks": not chunks}
+        options.update({k: v for k, v in (("link_bytes_per_s", link_bytes_per_s),
+                                          ("chunk_latency_s", chunk_latency_s)) if v is not None})
+        handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace, **options)
+                   for rid, (nid, ip) in nodes.items()}
         infos = ray.get([h.info.remote() for h in handles.values()])
         with self._lock:
             for (rid, h), info in zip(handles.items(), infos):
                 self._actors[rid], self._nodes[rid] = h, nodes[rid][0]
                 self._addresses[rid], self._roots[rid] = tuple(info["address"]), info["root"]
             plan = plan_chain(self._actors, master=master)
-            self._plan = ChainPlan(relays=plan.relays, chunks=chunks)
+            self._plan = ChainPlan(relays=plan.relays, chunks=chunks or 1)
         self._broadcast_plan()
         return self._plan
 
@@ -203,17 +283,20 @@ class RelayGroup:
             ray.kill(h)
         if destroy and leftovers:
             refs = [ray.remote(_remove_store).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[r], soft=True)
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[r], soft=False)
             ).remote(roots[r]) for r in leftovers]
             ray.wait(refs, num_returns=len(refs), timeout=10)
 
 
-def _remove_store(root: str) -> None:
+def _remove_store(root: str) -> bool:
+    """A dead relay's store, on its machine; left alone if a live relay (a restarted one) holds it."""
     import os
-    import shutil
 
-    shutil.rmtree(root, ignore_errors=True)
+    from verl_laminar.platform.shm_cleanup import remove_unused_store
+
+    removed = remove_unused_store(root)
     try:  # the shared parent goes with its last store
         os.rmdir(os.path.dirname(root))
     except OSError:
         pass
+    return removed

@@ -257,6 +257,8 @@ class Publisher:
                 # The master relay went away (shutdown after the last publish, or a failover in progress): the next
                 # publish finds no warm buffer and takes the begin/end path, which raises if the relay is still gone.
                 logger.info("could not pre-map the next publish buffer (%s); the next publish will not be warm", e)
+            except MemoryError as e:  # RelayMemoryError: /dev/shm is short; the next publish raises it with the fix
+                logger.warning("could not reserve the next publish buffer: %s", e)
 
     def publish_bytes(self, version: int, data: Any) -> float:
         return self.publish_parts(version, memoryview(data).nbytes, [(0, data)])

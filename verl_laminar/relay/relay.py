@@ -8,6 +8,12 @@ Dataflow:
 
 Threads: one accept loop, one handler per incoming connection, one forwarder, one verifier per
 local publish. Plain class; ``ray.remote(Relay)`` at the spawn site makes it an actor.
+
+Host memory: the store holds at most ``keep_versions`` copies (``policy/relay_memory.py``). A version that does
+not fit is a ``RelayMemoryError``: raised to the publisher by ``begin_publish`` / ``prepare_publish``; on a
+receiving relay the transfer is dropped (the upstream retries it, so a transient shortage heals) and, once the
+shortage has lasted ``memory_error_grace_s``, ``newest()`` raises it so that whoever waits for the version (the
+router) fails with the fix in the message instead of timing out.
 """
 
 from __future__ import annotations
@@ -18,13 +24,21 @@ import threading
 import time
 from typing import Callable, Optional
 
-from verl_laminar.policy.chain import ChainPlan
+from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, DEFAULT_LINK_BYTES_PER_S, ChainPlan, broadcast_chunks
 from verl_laminar.relay import probe
 from verl_laminar.relay.client import serve_pull
 from verl_laminar.relay.forward import Forwarder
 from verl_laminar.relay.inflight import InFlight
 from verl_laminar.relay.manifest import VersionManifest
-from verl_laminar.relay.store import RelayStore, StoreReader, TornTransferError, VersionGoneError, default_store_root
+from verl_laminar.relay.store import (
+    KEEP_VERSIONS,
+    RelayMemoryError,
+    RelayStore,
+    StoreReader,
+    TornTransferError,
+    VersionGoneError,
+    default_store_root,
+)
 from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, TcpTransport, Transport, TransportError
 
 logger = logging.getLogger(__name__)
@@ -40,9 +54,19 @@ class Relay:
         transport: Optional[Transport] = None,
         io_timeout_s: float = 30.0,
         on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None,
+        keep_versions: int = KEEP_VERSIONS,
+        chunk_mb: Optional[float] = None,
+        auto_chunks: bool = False,
+        link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
+        chunk_latency_s: float = DEFAULT_CHUNK_LATENCY_S,
+        memory_error_grace_s: float = 10.0,
     ) -> None:
         self.relay_id = relay_id
-        self.store = RelayStore(root or default_store_root(relay_id))
+        self.store = RelayStore(root or default_store_root(relay_id), keep=keep_versions)
+        self.chunk_mb, self.auto_chunks = chunk_mb, auto_chunks
+        self.link_bytes_per_s, self.chunk_latency_s = link_bytes_per_s, chunk_latency_s
+        self.memory_error_grace_s = memory_error_grace_s
+        self._memory_error: Optional[tuple[float, RelayMemoryError]] = None  # (since, latest) of a receive
         self.transport = transport or TcpTransport()
         self.io_timeout_s = io_timeout_s
         self._cond = threading.Condition()
@@ -61,8 +85,10 @@ class Relay:
         return tuple(self._listener.address)
 
     def info(self) -> dict:
+        failure = self._memory_error
         return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
-                "newest": self.store.newest(), "versions": self.store.versions()}
+                "newest": self.store.newest(), "versions": self.store.versions(), "keep_versions": self.store.keep,
+                "memory_error": str(failure[1]) if failure else None}
 
     def ping(self) -> str:
         return self.relay_id
@@ -83,6 +109,11 @@ class Relay:
         return self.forwarder.plan
 
     def newest(self) -> Optional[int]:
+        """The newest readable version; raises ``RelayMemoryError`` once receiving has failed for lack of memory
+        for ``memory_error_grace_s`` (cleared by the next commit)."""
+        failure = self._memory_error
+        if failure is not None and time.monotonic() - failure[0] >= self.memory_error_grace_s:
+            raise failure[1]
         return self.store.newest()
 
     def versions(self) -> list[int]:
@@ -130,6 +161,8 @@ class Relay:
                 f.fail()
         if destroy:
             self.store.destroy()
+        else:
+            self.store.close()  # files kept for a successor with this relay id
 
     # ---- publishing (master) ----
     def prepare_publish(self, nbytes: int) -> Optional[str]:
@@ -141,12 +174,28 @@ class Relay:
         self._prepared = nbytes
         return self.store.preallocate(nbytes)
 
-    def begin_publish(self, manifest_json: str) -> str:
-        """Reserve host memory for a version; returns the file the publisher writes bytes into."""
-        m = VersionManifest.from_json(manifest_json)
+    def _chunked(self, m: VersionManifest) -> VersionManifest:
+        """Cut a published version for the broadcast, unless its publisher already chunked it.
+
+        ``chunk_mb`` (laminar.relay.chunk_mb) wins; else with ``auto_chunks`` (a group spawned without a fixed
+        count) the cost model picks the count for this chain and this version's size; else the plan's count
+        as given (tests, benchmarks and standalone relays set it).
+        """
+        if m.num_chunks > 1:
+            return m
         plan = self.forwarder.plan
-        if plan is not None and plan.chunks > 1 and m.num_chunks == 1:
-            m = m.with_chunks(plan.chunks)
+        if self.chunk_mb is not None or self.auto_chunks:
+            relays = len(plan.relays) if plan is not None else 1
+            return m.with_chunks(broadcast_chunks(m.total_bytes, relays, self.chunk_mb, self.link_bytes_per_s,
+                                                  self.chunk_latency_s))
+        return m.with_chunks(plan.chunks) if plan is not None and plan.chunks > 1 else m
+
+    def begin_publish(self, manifest_json: str) -> str:
+        """Reserve host memory for a version; returns the file the publisher writes bytes into.
+
+        Raises ``RelayMemoryError`` when the store's filesystem cannot hold it.
+        """
+        m = self._chunked(VersionManifest.from_json(manifest_json))
         staging = self.store.begin(m)
         with self._cond:
             self._supersede(m.version)
@@ -155,10 +204,7 @@ class Relay:
 
     def publish_prepared(self, manifest_json: str, spare: str) -> None:
         """The publisher already wrote the version into ``spare`` (from ``prepare_publish``): take it."""
-        m = VersionManifest.from_json(manifest_json)
-        plan = self.forwarder.plan
-        if plan is not None and plan.chunks > 1 and m.num_chunks == 1:
-            m = m.with_chunks(plan.chunks)
+        m = self._chunked(VersionManifest.from_json(manifest_json))
         f = InFlight(self.store.begin(m, spare=spare), self._cond, source="publish")
         with self._cond:
             self._supersede(m.version)
@@ -184,7 +230,10 @@ class Relay:
             f.mark_ready(i, f.staging.verify(i))
         self._commit(f)
         if self._prepared:  # keep a warm buffer for the next publish, off the trainer's path
-            self.store.preallocate(self._prepared)
+            try:
+                self.store.preallocate(self._prepared)
+            except RelayMemoryError as e:  # the next publish allocates its own and raises there if still short
+                logger.warning("relay %s: no spare buffer for the next publish: %s", self.relay_id, e)
 
     # ---- receiving ----
     def _accept_loop(self) -> None:
@@ -227,7 +276,12 @@ class Relay:
                 ch.send(Frame(Kind.SKIP, version=m.version))
                 return
             self._supersede(m.version)
-            f = InFlight(self.store.begin(m), self._cond, source=ch.peer)
+            try:  # pages are reserved chunk by chunk below, so the upstream is answered without that delay
+                staging = self.store.begin(m, reserve=False)
+            except RelayMemoryError as e:
+                self._memory_failure(m.version, e)
+                return  # closing the connection makes the upstream retry: a transient shortage heals
+            f = InFlight(staging, self._cond, source=ch.peer)
             f.channel = ch
             self._inflight[m.version] = f
         ch.send(Frame(Kind.ACCEPT, version=m.version))
@@ -236,6 +290,7 @@ class Relay:
                 fr = ch.recv_header()
                 if fr.kind != Kind.CHUNK or fr.version != m.version:
                     raise TransportError(f"expected CHUNK of version {m.version}, got kind {fr.kind} v{fr.version}")
+                f.staging.reserve(fr.index)
                 view = f.staging.chunk(fr.index)
                 if fr.length != len(view):
                     raise TornTransferError(f"chunk {fr.index} is {fr.length} bytes, expected {len(view)}")
@@ -248,14 +303,24 @@ class Relay:
                 raise TransportError(f"version {m.version} from {ch.peer} did not end with END")
             self._commit(f)
             ch.send(Frame(Kind.END, version=m.version))
-        except (TransportError, TornTransferError, IndexError, ValueError) as e:
-            log = logger.debug if self._closed else logger.warning
-            log("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
+        except (TransportError, TornTransferError, RelayMemoryError, IndexError, ValueError) as e:
+            if isinstance(e, RelayMemoryError):
+                self._memory_failure(m.version, e)
+            else:
+                log = logger.debug if self._closed else logger.warning
+                log("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
             with self._cond:
                 if self._inflight.get(m.version) is f:
                     del self._inflight[m.version]
             f.fail()
             self.store.abort(f.staging)
+
+    def _memory_failure(self, version: int, err: RelayMemoryError) -> None:
+        """Remember a receive that failed for lack of memory; logged once per shortage, not once per retry."""
+        with self._cond:
+            first = self._memory_error is None
+            self._memory_error = (time.monotonic() if first else self._memory_error[0], err)
+        (logger.error if first else logger.debug)("relay %s cannot receive version %d: %s", self.relay_id, version, err)
 
     def _commit(self, f: InFlight) -> None:
         if f.failed:
@@ -264,6 +329,7 @@ class Relay:
         self.store.commit(f.staging)
         now = time.time()
         with self._cond:
+            self._memory_error = None  # a version fitted again
             if self._inflight.get(f.version) is f:
                 del self._inflight[f.version]
             f.done = True

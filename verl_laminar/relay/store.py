@@ -4,8 +4,24 @@ Dataflow: ``begin`` -> a ``Staging`` file (tmpfs, mapped) that the network recei
 publisher fills chunk by chunk -> ``Staging.verify(i, crc)`` per chunk -> ``commit`` renames it to
 ``v<version>.data`` and only then writes ``v<version>.json`` (the manifest with every checksum).
 A version is readable exactly when its ``.json`` exists, so a torn or corrupted transfer is never
-readable. The store keeps the newest complete version and the one before it; older ones are
-unlinked, which leaves any reader's existing mapping valid (POSIX unlink semantics).
+readable.
+
+Memory: ``keep`` (``laminar.relay.keep_versions``) bounds the full copies of the model the store holds,
+the one being received included. ``begin`` evicts committed versions down to ``keep - 1`` before it
+reserves the staging copy; ``commit`` keeps the ``keep`` newest, so the previous version stays readable
+until the next staging begins (``policy/relay_memory.py`` gives the per-node total). With ``keep == 1``
+even the newest version is evicted when the next one starts arriving: the key is a memory cap, and
+whoever sets 1 cannot hold two copies. Loads already in progress keep their mapping, new loads wait for
+the commit (the router waits for it anyway), a downstream relay gets the version in flight.
+Eviction unlinks files, which leaves existing mappings and open handles valid (POSIX): their pages
+stay allocated until the last one goes, a transient beyond the bound.
+
+Staging pages are reserved with ``posix_fallocate`` after a free-space check, before anything is
+written through the mapping, so a full tmpfs is a ``RelayMemoryError`` that names the fix instead of
+a SIGBUS killing the relay on a write to an unbacked page.
+
+Ownership: a store holds an ``flock`` on ``<root>/.lock`` for its lifetime; the kernel releases it when the
+process dies, however it dies, so ``remove_unused_store`` removes exactly the stores of relays that are gone.
 
 ``StoreReader`` is what a rollout on the same machine uses: it lists readable versions and maps one
 read-only, with no copy through Ray's object store.
@@ -13,22 +29,23 @@ read-only, with no copy through Ray's object store.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import re
-import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
 from typing import Optional
 
+from verl_laminar.platform.shm_cleanup import acquire_store, bury_store, relay_store_base
 from verl_laminar.relay.manifest import VersionManifest, crc32
 
 logger = logging.getLogger(__name__)
 
 _VERSION_FILE = re.compile(r"^v(\d{12})\.json$")
-KEEP_VERSIONS = 2  # newest complete version + the previous one
+KEEP_VERSIONS = 2  # laminar.relay.keep_versions default: the newest version stays readable while the next arrives
 
 
 class TornTransferError(RuntimeError):
@@ -39,10 +56,29 @@ class VersionGoneError(LookupError):
     """The requested version is not (or no longer) readable in this store."""
 
 
+class RelayMemoryError(MemoryError):
+    """The store's filesystem (``/dev/shm``) has too little free space for a version; the message names the fixes.
+
+    A ``MemoryError``, not an ``OSError``: callers take an ``OSError`` from a relay handle for the relay being
+    gone (``publish.RelayGoneError`` is a ``ConnectionError``) and fail over, which cannot help here.
+    """
+
+    def __init__(self, needed: int, free: int, path: str, keep: int, what: str = "a version") -> None:
+        self.needed, self.free, self.path, self.keep, self.what = int(needed), int(free), path, int(keep), what
+        super().__init__(
+            f"relay store {path} needs {self.needed} bytes ({self.needed / 2**30:.2f} GiB) of host shared memory for "
+            f"{what}, but its filesystem has {self.free} bytes ({self.free / 2**30:.2f} GiB) free. Enlarge /dev/shm "
+            "(docker run --shm-size=<size>; Kubernetes: an emptyDir volume with medium: Memory and a sizeLimit mounted "
+            f"at /dev/shm) or lower laminar.relay.keep_versions (now {self.keep}; each is one full copy of the model "
+            "on every rollout node, see verl_laminar.policy.relay_memory.relay_host_bytes)")
+
+    def __reduce__(self):  # Ray rebuilds raised errors from these arguments, not from the message
+        return type(self), (self.needed, self.free, self.path, self.keep, self.what)
+
+
 def default_store_root(relay_id: str) -> str:
     """``/dev/shm/laminar-relay/<relay_id>`` when tmpfs shared memory exists, else the temp dir."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, "laminar-relay", relay_id)
+    return os.path.join(relay_store_base(), relay_id)
 
 
 def _data_path(root: str, version: int) -> str:
@@ -63,28 +99,76 @@ def _map(path: str, size: int, writable: bool) -> mmap.mmap | bytes:
         os.close(fd)
 
 
-class Staging:
-    """A version being received or published; not readable until ``RelayStore.commit``."""
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still allocate on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
-    def __init__(self, root: str, manifest: VersionManifest, spare: Optional[str] = None) -> None:
+
+def ensure_free(root: str, needed: int, keep: int, what: str) -> None:
+    """Raise ``RelayMemoryError`` unless ``needed`` bytes are free where ``root`` lives."""
+    free = free_bytes(root)
+    if needed > free:
+        raise RelayMemoryError(needed, free, root, keep, what)
+
+
+def _reserve(fd: int, offset: int, length: int, root: str, keep: int, what: str) -> None:
+    """Allocate the pages of ``[offset, offset + length)``; ENOSPC (a full tmpfs) becomes ``RelayMemoryError``."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RelayMemoryError(length, free_bytes(root), root, keep, what) from e
+        raise
+
+
+class Staging:
+    """A version being received or published; not readable until ``RelayStore.commit``.
+
+    ``reserve=True`` allocates every page now (a publish: the trainer learns at once that memory is short).
+    ``reserve=False`` leaves that to ``reserve(i)`` before chunk ``i`` is written (a receiver: allocating a whole
+    version before answering its upstream would add that time to every hop of the chain).
+    """
+
+    def __init__(self, root: str, manifest: VersionManifest, spare: Optional[str] = None, reserve: bool = True,
+                 keep: int = KEEP_VERSIONS) -> None:
         self.manifest = manifest
+        self.root, self._keep = root, keep
         self.path = os.path.join(root, f"staging-{manifest.version:012d}-{uuid.uuid4().hex[:8]}.data")
+        size = manifest.total_bytes
         if spare is not None:  # pre-allocated pages: writing into them costs no page faults
             os.replace(spare, self.path)
-            if os.path.getsize(self.path) != manifest.total_bytes:
-                os.truncate(self.path, manifest.total_bytes)
+            self._fd = os.open(self.path, os.O_RDWR)
+            if os.fstat(self._fd).st_size != size:
+                os.ftruncate(self._fd, size)
+            reserved = True
         else:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.ftruncate(fd, manifest.total_bytes)
-            finally:
-                os.close(fd)
-        self._map = _map(self.path, manifest.total_bytes, writable=True)
-        self.buffer = memoryview(self._map) if manifest.total_bytes else memoryview(bytearray(0))
+                os.ftruncate(self._fd, size)
+                if reserve and size:
+                    _reserve(self._fd, 0, size, root, keep, f"version {manifest.version}")
+            except BaseException:
+                os.close(self._fd)
+                os.unlink(self.path)
+                raise
+            reserved = reserve
+        self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE) if size else b""
+        self.buffer = memoryview(self._map) if size else memoryview(bytearray(0))
         n = manifest.num_chunks
+        self._reserved = [reserved] * n
         self.checksums: list[Optional[int]] = list(manifest.checksums) if manifest.checksums else [None] * n
         self.verified = [False] * n
         self.aborted = False
+
+    def reserve(self, i: int) -> None:
+        """Allocate chunk ``i``'s pages before it is written through the mapping (no-op once allocated)."""
+        if self._reserved[i]:
+            return
+        off, length = self.manifest.chunk_span(i)
+        if length:
+            _reserve(self._fd, off, length, self.root, self._keep, f"chunk {i} of version {self.manifest.version}")
+        self._reserved[i] = True
 
     def chunk(self, i: int) -> memoryview:
         off, length = self.manifest.chunk_span(i)
@@ -113,6 +197,9 @@ class Staging:
                 self._map.close()
             except BufferError:  # a chunk view is still referenced; the mapping goes with it
                 logger.debug("staging %s still has chunk views; unmapping on release", self.path)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 @dataclass(frozen=True)
@@ -124,47 +211,68 @@ class StoredVersion:
 class RelayStore:
     """The relay's versions in host shared memory (one directory of tmpfs files)."""
 
-    def __init__(self, root: str, keep: int = KEEP_VERSIONS) -> None:
-        if keep < 1:
-            raise ValueError(f"keep={keep!r} must be >= 1 (store at least the newest version)")
+    def __init__(self, root: str, keep: int = KEEP_VERSIONS, lock_timeout_s: float = 10.0) -> None:
+        if int(keep) != keep or keep < 1:
+            raise ValueError(f"keep={keep!r} (laminar.relay.keep_versions) must be an integer >= 1: the copies of "
+                             "the model this relay may hold, the one being received included")
         self.root = root
-        self.keep = keep
+        self.keep = int(keep)
         self._lock = threading.Lock()
-        os.makedirs(root, exist_ok=True)
+        self._owner = acquire_store(root, lock_timeout_s)  # held for the store's life: sweeps leave it alone
         for name in os.listdir(root):  # a restarted relay drops torn leftovers, keeps complete versions
             if name.startswith("staging-") or name.endswith(".tmp"):
                 os.unlink(os.path.join(root, name))
         self._versions: dict[int, StoredVersion] = {}
-        self._spares: dict[int, str] = {}  # size -> pre-allocated staging file
+        self._spares: dict[int, str] = {}  # size -> pre-allocated staging file (at most one)
         self._spare_lock = threading.Lock()
         for v in StoreReader(root).versions():
             self._versions[v] = StoredVersion(StoreReader(root).manifest(v), _data_path(root, v))
-        self._evict()
+        self._evict(self.keep)
 
-    def begin(self, manifest: VersionManifest, spare: Optional[str] = None) -> Staging:
-        """A new staging area; ``spare`` (a path from ``preallocate``) is reused, bytes already in it kept."""
-        if spare is not None:
-            with self._lock:
+    def begin(self, manifest: VersionManifest, spare: Optional[str] = None, reserve: bool = True) -> Staging:
+        """A new staging area, after evicting committed versions down to ``keep - 1`` (it counts as a copy).
+
+        ``spare`` (a path from ``preallocate``) is reused, bytes already in it kept. ``reserve=False``: only the
+        free-space check happens here and the caller reserves each chunk (``Staging.reserve``) before writing it.
+        Raises ``RelayMemoryError`` when the filesystem cannot hold the version.
+        """
+        with self._lock:
+            if spare is not None:
                 size = next((n for n, p in self._spares.items() if p == spare), None)
                 if size is None or size < manifest.total_bytes:
                     raise VersionGoneError(
                         f"{spare} is not a spare buffer of at least {manifest.total_bytes} bytes in {self.root}; "
                         "call prepare_publish again")
                 del self._spares[size]
-        return Staging(self.root, manifest, spare)
+            self._evict(self.keep - 1)
+        if spare is None:
+            ensure_free(self.root, manifest.total_bytes, self.keep, f"version {manifest.version}")
+        return Staging(self.root, manifest, spare, reserve=reserve, keep=self.keep)
 
     def preallocate(self, nbytes: int) -> Optional[str]:
-        """Path of a spare staging file of ``nbytes`` with its pages allocated (created if missing)."""
+        """Path of a spare staging file of ``nbytes`` with its pages allocated (created if missing).
+
+        One spare at a time (the master's memory budget counts one): a spare of another size is dropped.
+        Raises ``RelayMemoryError`` when the filesystem cannot hold it.
+        """
         if nbytes <= 0:
             return None
         with self._spare_lock:
             with self._lock:
                 if nbytes in self._spares:
                     return self._spares[nbytes]
+                stale, self._spares = list(self._spares.values()), {}
+            for p in stale:
+                _unlink(p)
+            what = "the spare buffer of the next publish"
+            ensure_free(self.root, nbytes, self.keep, what)
             path = os.path.join(self.root, f"staging-spare-{uuid.uuid4().hex[:8]}.data")
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.posix_fallocate(fd, 0, nbytes)
+                _reserve(fd, 0, nbytes, self.root, self.keep, what)
+            except BaseException:
+                _unlink(path)
+                raise
             finally:
                 os.close(fd)
             with self._lock:
@@ -190,7 +298,7 @@ class RelayStore:
             os.replace(tmp, _json_path(self.root, m.version))
             stored = StoredVersion(final, data)
             self._versions[m.version] = stored
-            self._evict()
+            self._evict(self.keep)
         logger.debug("relay store %s committed version %d (%d bytes)", self.root, m.version, m.total_bytes)
         return stored
 
@@ -198,19 +306,27 @@ class RelayStore:
         """Drop a torn transfer; the readable versions are untouched."""
         staging.aborted = True
         staging.close()
-        try:
-            os.unlink(staging.path)
-        except FileNotFoundError:
-            pass
+        _unlink(staging.path)
 
-    def _evict(self) -> None:
-        for v in sorted(self._versions)[: -self.keep]:
+    def _evict(self, keep: int) -> None:
+        """Unlink all but the ``keep`` newest committed versions (lock held)."""
+        old = sorted(self._versions)
+        for v in old[: max(0, len(old) - keep)]:
             del self._versions[v]
             for p in (_json_path(self.root, v), _data_path(self.root, v)):
+                _unlink(p)
+            logger.debug("relay store %s evicted version %d (keep_versions=%d)", self.root, v, self.keep)
+
+    def data_bytes(self) -> int:
+        """Bytes of version data in the store now: readable versions, staging copies and the spare."""
+        total = 0
+        for name in os.listdir(self.root):
+            if name.endswith(".data"):
                 try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+                    total += os.stat(os.path.join(self.root, name)).st_size
+                except FileNotFoundError:  # evicted or renamed meanwhile
+                    continue
+        return total
 
     def newest(self) -> Optional[int]:
         with self._lock:
@@ -231,17 +347,31 @@ class RelayStore:
                 )
             return self._versions[v]
 
+    def close(self) -> None:
+        """Release the store's lock, files kept (as the relay's death would): a successor may take them over."""
+        if self._owner >= 0:
+            os.close(self._owner)
+            self._owner = -1
+
     def destroy(self) -> None:
         """Remove every file of this store (clean shutdown)."""
         with self._lock:
-            for name in os.listdir(self.root):
-                os.unlink(os.path.join(self.root, name))
-            os.rmdir(self.root)
+            if self._owner >= 0:
+                bury_store(self.root)  # moved away while still locked, so no sweep or successor sees it half-removed
             self._versions.clear()
+            self._spares.clear()
+        self.close()
         try:  # the shared parent (default_store_root) goes with its last relay
             os.rmdir(os.path.dirname(self.root))
         except OSError:
             pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class StoreReader:
