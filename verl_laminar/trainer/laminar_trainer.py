@@ -70,7 +70,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         super()._setup()
         from verl_laminar.rollout.router import RefreshSettings, spawn_router
 
-        self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0])
+        self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
+                                                replicas=self.standalone_server_manager.get_replicas())
         replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
         self._replicas = replicas
         kill = self.laminar.fault_injection.kill_replica
