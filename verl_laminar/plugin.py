@@ -6,10 +6,14 @@ ERROR before re-raising, and :func:`check_registered` lets any caller (our train
 ``python -m verl_laminar.plugin --check``) fail loudly, naming what is missing.
 
 What is registered:
-* the ``cpu`` platform in verl's ``PlatformRegistry`` (selected automatically on hosts without an accelerator,
-  or by ``LAMINAR_CPU_PLATFORM=1`` / ``VERL_PLATFORM=cpu``), and, when it is active, the CPU patches;
+* the ``cpu`` platform in verl's ``PlatformRegistry`` and, when this process runs on it, the CPU patches. A process
+  runs on it when ``LAMINAR_CPU_PLATFORM=1`` / ``VERL_PLATFORM=cpu``, or when neither it nor the job's Ray cluster
+  has an accelerator (:mod:`verl_laminar.platform.choice`);
 * the relay checkpoint engine ``laminar`` and the trainer mode ``laminar``, each registered when verl first
   imports the module it extends (so ``import verl`` stays as cheap as without the plugin).
+
+On a verl version we have not verified, verl's own trainers keep working (one WARNING per process); what needs
+our patches (Laminar trainer, relay engine, CPU platform) fails when it is used, naming both versions.
 """
 
 from __future__ import annotations
@@ -27,20 +31,36 @@ class PluginRegistrationError(RuntimeError):
     pass
 
 
+class _Deferred(Exception):
+    """A component that cannot register yet and will be registered by the module it waits for."""
+
+
 def _register_cpu_platform() -> str:
+    cpu_module = sys.modules.get("verl_laminar.platform.cpu")
+    if cpu_module is not None and not hasattr(cpu_module, "PlatformCPU"):
+        # That module's own import of verl brought us here; it calls register() again once it is complete.
+        raise _Deferred("verl_laminar.platform.cpu is still being imported")
     from verl.plugin.platform import platform_manager
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
-    from verl_laminar.platform.cpu import PLATFORM_NAME, PlatformCPU, cpu_platform_requested
+    from verl_laminar.patches import installed_verl_version, unverified_verl_message, verl_verified
+    from verl_laminar.platform import cpu
 
-    if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
-        PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
-    if not cpu_platform_requested():
-        return "registered (inactive: an accelerator is present or LAMINAR_CPU_PLATFORM=0)"
+    if PlatformRegistry.get(cpu.PLATFORM_NAME) is not cpu.PlatformCPU:
+        PlatformRegistry.register(platform=cpu.PLATFORM_NAME)(cpu.PlatformCPU)
+    decision = cpu.this_process_decision()
+    if not decision.cpu:
+        return f"registered (inactive: {decision.reason})"
     current = platform_manager._current_platform
-    if current is not None and not isinstance(current, PlatformCPU):
-        # Something resolved the platform before the plugins loaded; it fell back to CUDA, which cannot work here.
-        platform_manager.set_platform(PlatformCPU())
+    if not isinstance(current, cpu.PlatformCPU):
+        # Set it rather than wait for verl's detection: that probes nvidia/huawei/amd first, so an explicit
+        # LAMINAR_CPU_PLATFORM=1 on a host with an accelerator would lose; and a platform resolved before the
+        # plugins loaded fell back to CUDA, which cannot work here.
+        platform_manager.set_platform(cpu.PlatformCPU())
+    if not verl_verified():
+        # After set_platform (which reads device_name): from here on the platform's first use raises.
+        cpu.refuse(unverified_verl_message("The CPU platform (its patches)", installed_verl_version()))
+        return f"refused (untested verl {installed_verl_version()}; fails at first use): {decision.reason}"
     from verl_laminar.patches import apply_patch
     from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
     from verl_laminar.patches.cpu_runtime import FSDP_ENGINES, GLOO_PROCESS_GROUP
@@ -53,10 +73,16 @@ def _register_cpu_platform() -> str:
     for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD, WEIGHT_SYNC_FAIL_FAST):
         apply_patch(patch)
     check_vllm_dist()
-    return "active"
+    return f"active: {decision.reason}"
 
 
 def _register_relay_backend() -> str:
+    from verl_laminar.patches import installed_verl_version, verl_verified
+
+    if not verl_verified():
+        # Only Laminar runs use it, and they refuse an untested verl; registering would import our backend
+        # inside verl's own import of its checkpoint engines, which every run needs.
+        return f"not registered (untested verl {installed_verl_version()})"
     # Deferred until verl imports its checkpoint engines: the backend pulls in verl's rollout utilities, which
     # processes that never sync weights (reward workers, the driver) should not pay for at ``import verl``.
     from verl_laminar.patches.import_hook import on_import
@@ -65,9 +91,13 @@ def _register_relay_backend() -> str:
         if "verl_laminar.relay.verl_backend" in sys.modules:
             # That module's own import triggered this hook; it registers itself when its import completes.
             return
-        from verl_laminar.relay.verl_backend import register_relay_backend
+        try:
+            from verl_laminar.relay.verl_backend import register_relay_backend
 
-        register_relay_backend()
+            register_relay_backend()
+        except Exception as e:  # fault boundary: a failure here would break verl's import for every run
+            logger.error("verl_laminar: registering checkpoint engine 'laminar' failed (only runs that use it "
+                         "fail): %s: %s", type(e).__name__, e, exc_info=True)
 
     on_import("verl.checkpoint_engine", _register)
     return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
@@ -90,12 +120,17 @@ _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
 
 def register() -> dict[str, str]:
     """Register every component once per process; raise ``PluginRegistrationError`` naming failures."""
+    from verl_laminar.patches import warn_if_unverified_verl
+
+    warn_if_unverified_verl()
     failed = []
     for name, fn in _COMPONENTS:
         if name in _DONE:
             continue
         try:
             _DONE[name] = fn()
+        except _Deferred as e:
+            logger.debug("verl_laminar: %s deferred: %s", name, e)
         except Exception as e:  # fault boundary: verl would hide this at DEBUG, so surface it loudly here
             logger.error("verl_laminar: registering %s failed: %s: %s", name, type(e).__name__, e)
             failed.append((name, e))

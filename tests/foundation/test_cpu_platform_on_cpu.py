@@ -79,6 +79,26 @@ def test_activation_is_automatic_without_accelerator_and_rejects_typos(monkeypat
         cpu_platform_requested()
 
 
+def test_decision_is_reported_with_its_source(monkeypatch):
+    from verl_laminar.platform.cpu import this_process_decision
+
+    monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "1")
+    d = this_process_decision()
+    assert (d.cpu, d.source) == (True, "env") and "LAMINAR_CPU_PLATFORM=1" in d.reason
+
+
+def test_refused_platform_fails_at_first_use(monkeypatch):
+    from verl_laminar.patches import PatchVersionError
+    from verl_laminar.platform import cpu
+
+    monkeypatch.setattr(cpu, "_REFUSAL", "The CPU platform needs verl 0.9.1, but verl 0.9.2 is installed")
+    p = cpu.PlatformCPU()  # constructing and probing it stay quiet: verl's detection must reach it
+    assert p.is_platform_available() in (True, False)
+    for use in (lambda: p.device_name, p.is_available):
+        with pytest.raises(PatchVersionError, match="needs verl 0.9.1, but verl 0.9.2"):
+            use()
+
+
 def test_cpu_defaults_fill_required_and_lean_values():
     from verl_laminar.patches.cpu_config import apply_cpu_defaults
 
@@ -92,6 +112,7 @@ def test_cpu_defaults_fill_required_and_lean_values():
     assert cfg.actor_rollout_ref.rollout.enable_sleep_mode is False
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert cfg.ray_kwargs.ray_init.num_gpus == 2 and cfg.ray_kwargs.ray_init.num_cpus >= 16
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.LAMINAR_CPU_PLATFORM == "1"  # workers do not re-decide
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 256
     from verl_laminar.patches.cpu_config import cpu_has_fast_bf16
 
@@ -127,7 +148,7 @@ def test_patch_refuses_unverified_verl_version():
 
     calls = []
     p = Patch("probe", "verl.nothing", lambda: calls.append(1), verl_versions=("0.0.1",))
-    with pytest.raises(PatchVersionError, match="probe.*verl.nothing.*0.0.1"):
+    with pytest.raises(PatchVersionError, match=r"probe.*verl.nothing.*needs verl 0.0.1.*verl==0.0.1"):
         apply_patch(p)
     assert calls == []
 

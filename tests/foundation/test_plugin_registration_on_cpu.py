@@ -88,3 +88,35 @@ def test_plugin_check_cli_reports_components():
     out = run_py("import runpy; runpy.run_module('verl_laminar.plugin', run_name='__main__')")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "platform:cpu" in out.stderr and "active" in out.stderr
+
+
+def test_importing_the_cpu_platform_before_verl_still_registers_it():
+    """``from verl_laminar.platform.cpu import ...`` as a process's first import: verl loads the plugin while that
+    module is half-built; the platform is deferred, then registered when the module completes, with no ERROR."""
+    out = run_py("import verl_laminar.platform.cpu as c\n"
+                 "from verl_laminar.plugin import check_registered\n"
+                 "print(check_registered()['platform:cpu'].split(':')[0], c.this_process_decision().source)\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "registering platform:cpu failed" not in out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "active host"
+
+
+def test_a_failing_relay_registration_does_not_break_verls_checkpoint_engines():
+    code = (
+        "import importlib.abc, sys\n"
+        "class Broken(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'verl_laminar.relay.verl_backend':\n"
+        "            raise ImportError('simulated breakage in the relay backend')\n"
+        "sys.meta_path.insert(0, Broken())\n"
+        "import verl, verl.checkpoint_engine\n"
+        "from verl.checkpoint_engine.base import CheckpointEngineRegistry\n"
+        "try:\n"
+        "    CheckpointEngineRegistry.get('laminar')\n"
+        "except ValueError:\n"
+        "    print('laminar engine unavailable')\n"
+    )
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "laminar engine unavailable"
+    assert "simulated breakage in the relay backend" in out.stderr  # logged at ERROR, with the traceback

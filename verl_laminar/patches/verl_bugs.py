@@ -1,5 +1,9 @@
 """Patches for verl 0.9.1 bugs that are not CPU-specific (applied with the Laminar trainer, on any platform).
 
+They run when ``laminar_trainer`` is imported, which happens only on a verified verl (the trainer hook in
+``verl_laminar/trainer/__init__.py`` registers a refusing stand-in otherwise); importing that module directly on
+an untested verl raises ``PatchVersionError`` here, since the Laminar trainer is built on these fixes.
+
 ``separate_async_logger_flush``: ``PPOTrainerSeparateAsync._setup`` calls ``logger.info(..., flush=True)`` in its
 ``hybrid_engine=False`` branch (trainer_separate_async.py, "hybrid replicas disabled"), a print() keyword
 that ``logging`` rejects with a TypeError, so every separate_async or Laminar run without colocated replicas

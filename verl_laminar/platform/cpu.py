@@ -9,11 +9,15 @@ the named patches in :mod:`verl_laminar.patches` (ledger: ``patches/README.md``)
 Ray scheduling: verl places workers by accelerator resource. We keep the resource name ``GPU`` and the CPU
 config defaults give Ray as many logical GPUs as ``trainer.n_gpus_per_node * nnodes``; each logical GPU is one
 CPU worker (a rank or a rollout replica).
+
+Which processes use it is decided by the devices each process is given, never by the node that launches the job
+(:mod:`verl_laminar.platform.choice`, read by :mod:`verl_laminar.platform.probe`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import types
 from contextlib import contextmanager
@@ -22,6 +26,9 @@ from typing import Any, Optional
 import psutil
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
+
+from verl_laminar.platform import probe
+from verl_laminar.platform.choice import PlatformDecision
 
 PLATFORM_NAME = "cpu"
 
@@ -82,23 +89,39 @@ _DEVICE_MODULE = _make_device_module()
 
 
 def no_accelerator_present() -> bool:
-    """True when this host has no CUDA/ROCm/NPU device torch can use (the automatic-activation test)."""
-    if torch.cuda.is_available():
-        return False
-    npu = getattr(torch, "npu", None)
-    return not (npu is not None and npu.is_available())
+    """True when this process has no CUDA/ROCm/NPU device torch can use."""
+    return not probe.local_accelerator()
 
 
 def cpu_platform_requested() -> bool:
-    """``LAMINAR_CPU_PLATFORM``: ``auto`` (default: only without an accelerator), ``1`` force, ``0`` never."""
-    mode = os.environ.get("LAMINAR_CPU_PLATFORM", "auto").strip().lower()
-    if mode in ("1", "true", "on", "force"):
-        return True
-    if mode in ("0", "false", "off", "never"):
-        return False
-    if mode != "auto":
-        raise ValueError(f"LAMINAR_CPU_PLATFORM={mode!r}: use 'auto', '1' (force CPU) or '0' (never)")
-    return os.environ.get("VERL_PLATFORM", "").strip().lower() in ("", PLATFORM_NAME) and no_accelerator_present()
+    """Whether this process runs on the CPU platform (``LAMINAR_CPU_PLATFORM``: ``auto`` (default), ``1`` force,
+    ``0`` never); the rules and their reasons: :mod:`verl_laminar.platform.choice`."""
+    return probe.this_process_decision().cpu
+
+
+def this_process_decision() -> PlatformDecision:
+    """The platform decision for this process with its reason and source (``env``/``host``/``cluster``)."""
+    return probe.this_process_decision()
+
+
+_REFUSAL: Optional[str] = None  # set when the platform must not run (an untested verl): the error to raise
+
+
+def refuse(message: str) -> None:
+    """Make the CPU platform fail at first use with ``message``.
+
+    Used instead of failing at import: verl hides plugin import errors at DEBUG and would then run its CUDA
+    fallback (or this platform without its patches) into an obscure error much later.
+    """
+    global _REFUSAL
+    _REFUSAL = message
+
+
+def _check_usable() -> None:
+    if _REFUSAL is not None:
+        from verl_laminar.patches import PatchVersionError
+
+        raise PatchVersionError(_REFUSAL)
 
 
 class PlatformCPU(PlatformBase):
@@ -106,6 +129,7 @@ class PlatformCPU(PlatformBase):
 
     @property
     def device_name(self) -> str:
+        _check_usable()  # every verl device query starts here (or at is_available, when verl builds the platform)
         return PLATFORM_NAME
 
     @property
@@ -117,6 +141,7 @@ class PlatformCPU(PlatformBase):
         return _DEVICE_MODULE
 
     def is_available(self) -> bool:
+        _check_usable()
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
@@ -187,3 +212,9 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
+
+
+# A process whose first import is this module imports verl from the line above; verl's plugin loading then ran
+# while this module was half-built, and the plugin deferred the platform until now.
+if "verl_laminar.plugin" in sys.modules:
+    sys.modules["verl_laminar.plugin"].register()

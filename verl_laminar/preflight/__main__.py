@@ -34,9 +34,9 @@ def compose(overrides: list[str]):
 
 def platform_row(report: Report, cfg) -> bool:
     """Which platform the job's processes will use, and whether a GPU recipe would be run as a CPU job."""
-    from verl_laminar.platform.cpu import job_platform_decision
+    from verl_laminar.platform.cpu import this_process_decision
 
-    d = job_platform_decision()
+    d = this_process_decision()
     gpu_recipe = str(cfg.trainer.get("device", "cuda")) != "cpu" and int(cfg.trainer.n_gpus_per_node) > 0
     report.facts["platform"] = {"cpu": d.cpu, "source": d.source, "reason": d.reason}
     value = f"{'cpu' if d.cpu else 'accelerator'} ({d.source}: {d.reason})"
