@@ -197,6 +197,6 @@ if [ "${LAMINAR_PREFLIGHT:-0}" = 1 ]; then
     # check these overrides before GPUs are spent: python -m verl_laminar.preflight prints one table, exits 1 on a
     # check that would fail (PREFLIGHT_ARGS: its own options, e.g. "--json --link-gbps 100")
     # shellcheck disable=SC2086
-    exec "$PYTHON" -m verl_laminar.preflight ${PREFLIGHT_ARGS:-} "${ARGS[@]}" "$@"
+    exec "$PYTHON" -m verl_laminar.preflight --target gpu ${PREFLIGHT_ARGS:-} "${ARGS[@]}" "$@"
 fi
 exec "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"

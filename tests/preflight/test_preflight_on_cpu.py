@@ -16,7 +16,7 @@ import pytest
 
 from laminar_testing import REPO
 from verl_laminar.data import toy_math_path
-from verl_laminar.preflight.__main__ import preflight
+from verl_laminar.preflight.__main__ import preflight as _preflight
 from verl_laminar.preflight.checks import FAIL, OK, Options
 
 RECIPES = {"math": REPO / "recipes" / "dapo_math", "tool": REPO / "recipes" / "tool_calling"}
@@ -24,6 +24,13 @@ MODELS = ("7b", "32b", "72b")
 VARIANTS = ("sync", "separate_async", "laminar")
 # the recipes read the paper's data from $HOME/data; the toy set has the same schema
 DATA_ENV = {"TRAIN_FILE": toy_math_path("train"), "VAL_FILE": toy_math_path("val")}
+
+
+GPU = Options(target="gpu")  # what the recipe scripts pass: checked as for their cluster, from any host
+
+
+def preflight(argv, opts=None):
+    return _preflight(argv, opts or GPU)
 
 
 def script(task: str, model: str, variant: str) -> pathlib.Path:
@@ -140,12 +147,12 @@ def test_dev_shm_too_small_on_a_rollout_node_fails(recipes, monkeypatch):
 
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100 * 1024**3))  # 100 GiB free
-    report = preflight(recipes["math_72b_laminar"], Options(node_role="rollout"))
+    report = preflight(recipes["math_72b_laminar"], Options(target="gpu", node_role="rollout"))
     failed = _failed(report)
     assert "relay.dev_shm" in failed and "--shm-size" in failed["relay.dev_shm"], report.table()
     # and the same node with room passes
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=400 * 1024**3))
-    assert _status(preflight(recipes["math_72b_laminar"], Options(node_role="rollout")))["relay.dev_shm"] == OK
+    assert _status(preflight(recipes["math_72b_laminar"], Options(target="gpu", node_role="rollout")))["relay.dev_shm"] == OK
 
 
 def test_cpu_platform_forced_on_a_gpu_recipe_fails(recipes, monkeypatch):
@@ -162,3 +169,40 @@ def test_engine_timeout_shorter_than_one_hop_fails_and_is_derived_when_unset(rec
     assert "relay.engine_timeout" in failed and "or more" in failed["relay.engine_timeout"], failed
     facts = preflight(recipes["math_72b_laminar"]).facts
     assert facts["engine_timeout_s"] >= facts["hop_copy_s"] > 100
+
+
+def test_platform_comes_from_the_cluster_not_from_a_gpu_less_head_node(recipes, monkeypatch):
+    """Run where a GPU-less head node would run it: no accelerator in this process. Joining a cluster whose nodes
+    report real GPUs, the job is an accelerator job; a cluster with only logical GPUs would make it a CPU job,
+    which fails a GPU recipe with the fix."""
+    from verl_laminar.platform import probe
+    from verl_laminar.platform.choice import ClusterDevices
+
+    monkeypatch.delenv("LAMINAR_CPU_PLATFORM", raising=False)
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    monkeypatch.setattr(probe, "local_accelerator", lambda: False)
+    gpu_nodes = ClusterDevices.from_node_resources("10.0.0.1:6379", [{"CPU": 16}, {"GPU": 8, "accelerator_type:H100": 1}])
+    monkeypatch.setattr(probe, "joined_cluster", lambda: gpu_nodes)
+    report = preflight(recipes["math_7b_laminar"])
+    assert _status(report)["platform"] == OK and report.facts["platform"]["source"] == "cluster", report.table()
+    logical = ClusterDevices.from_node_resources("10.0.0.1:6379", [{"CPU": 16, "GPU": 8}])
+    monkeypatch.setattr(probe, "joined_cluster", lambda: logical)
+    failed = _failed(preflight(recipes["math_7b_laminar"]))
+    assert "platform" in failed and "RAY_ADDRESS" in failed["platform"], failed
+
+
+def test_bucket_smaller_than_the_largest_tensor_fails_without_cuda_ipc(tiny_model_dir, tmp_path):
+    """The CPU recipe on the CPU platform: verl's shared-memory weight path carries a tensor inside one bucket, so a
+    16 MiB bucket cannot carry the fixture's 39 MB embedding (verl would assert after sending earlier buckets)."""
+    recorder = tmp_path / "record.sh"
+    recorder.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD_TO"\n')
+    recorder.chmod(0o755)
+    env = {**os.environ, "PY": str(recorder), "RECORD_TO": str(tmp_path / "args"), "MODEL": str(tiny_model_dir),
+           "OUT": str(tmp_path / "out")}
+    subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh")], env=env, check=True, timeout=60)
+    argv = (tmp_path / "args").read_text().splitlines()[2:]
+    report = _preflight(argv, Options(target="cpu"))
+    assert not report.failed, report.table()  # the recipe as shipped: 256 MiB buckets on CPU
+    key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    failed = _failed(_preflight(argv + [f"{key}=16"], Options(target="cpu")))
+    assert "weights.bucket" in failed and f"{key}=38 or more" in failed["weights.bucket"], failed

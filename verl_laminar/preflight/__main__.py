@@ -10,6 +10,7 @@ Every recipe script runs this on its own overrides instead of training when ``LA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
@@ -32,31 +33,41 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def platform_row(report: Report, cfg) -> bool:
-    """Which platform the job's processes will use, and whether a GPU recipe would be run as a CPU job."""
+def platform_row(report: Report, cfg, target: str = "auto") -> bool:
+    """Which platform the job's processes will use and why; returns whether the rows evaluate a CPU job.
+
+    ``target``: what the recipe is for. ``gpu`` (the cluster recipes): a CPU decision forced by the environment or
+    by a cluster without accelerators fails; on a host with neither an accelerator nor a cluster to ask (a laptop,
+    CI) the recipe is checked as for its GPU cluster. ``cpu``: the CPU platform is expected. ``auto``: whatever
+    this process would decide.
+    """
     from verl_laminar.platform.cpu import this_process_decision
 
     d = this_process_decision()
-    gpu_recipe = str(cfg.trainer.get("device", "cuda")) != "cpu" and int(cfg.trainer.n_gpus_per_node) > 0
-    report.facts["platform"] = {"cpu": d.cpu, "source": d.source, "reason": d.reason}
+    report.facts["platform"] = {"cpu": d.cpu, "source": d.source, "reason": d.reason, "target": target}
     value = f"{'cpu' if d.cpu else 'accelerator'} ({d.source}: {d.reason})"
-    if d.cpu and d.source != "host":
-        report.add("platform", FAIL if gpu_recipe else OK, value,
-                   "the job would run as a CPU job and rewrite the config for CPU: unset LAMINAR_CPU_PLATFORM / "
-                   "VERL_PLATFORM or set LAMINAR_CPU_PLATFORM=0, and point RAY_ADDRESS at the GPU cluster")
+    if target == "gpu" and d.cpu and d.source != "host":
+        report.add("platform", FAIL, value, "a GPU recipe would run as a CPU job (its config rewritten for CPU): "
+                   "unset LAMINAR_CPU_PLATFORM / VERL_PLATFORM or set LAMINAR_CPU_PLATFORM=0, and point RAY_ADDRESS "
+                   "at a cluster whose nodes have GPUs")
         return True
-    if d.cpu:
-        # this host has no accelerator and no cluster to ask: checked as the recipe's target, not as a CPU job
-        report.add("platform", WARN, value, "checked as for the GPU cluster the recipe names; where the job runs, "
-                   "Ray must reach GPU nodes (set RAY_ADDRESS to the cluster before starting it)")
+    if target == "gpu" and d.cpu:
+        report.add("platform", WARN, value, "no accelerator and no Ray cluster here: checked as for the GPU cluster "
+                   "the recipe names; start the job where Ray reaches GPU nodes (RAY_ADDRESS)")
+        return False
+    if target == "cpu" and not d.cpu:
+        report.add("platform", WARN, value, "a CPU recipe on accelerators: it runs on them (LAMINAR_CPU_PLATFORM=1 "
+                   "forces the CPU platform)")
         return False
     report.add("platform", OK, value)
-    return False
+    return d.cpu
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verl_laminar.preflight", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.add_argument("--target", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="what the recipe is for (gpu: check as for its cluster even from a host without one)")
     p.add_argument("--link-gbps", type=float, default=None,
                    help="bandwidth of one relay hop in Gbit/s (default: laminar.relay.link_gbps)")
     p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one rollout GPU (default 80)")
@@ -76,9 +87,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         logger.error("unknown options %s (hydra overrides look like key=value)", unknown)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    opts = Options(link_gbps=args.link_gbps, gpu_memory_gib=args.gpu_memory_gib, node_role=args.node_role,
+    opts = Options(target=args.target, link_gbps=args.link_gbps, gpu_memory_gib=args.gpu_memory_gib,
+                   node_role=args.node_role,
                    model_config=args.model_config, construct_trainer=not args.no_construct)
-    report = preflight(overrides, opts)
+    with contextlib.redirect_stdout(sys.stderr):  # verl's checks print; stdout carries the table (or JSON) only
+        report = preflight(overrides, opts)
     sys.stdout.write((json.dumps(report.to_json(), indent=2) if args.json else report.table()) + "\n")
     return 1 if report.failed else 0
 
@@ -90,7 +103,8 @@ def preflight(overrides: list[str], opts: Optional[Options] = None) -> Report:
         report = Report()
         report.add("config.compose", FAIL, type(e).__name__, str(e).strip().splitlines()[0])
         return report
-    report = run_checks(cfg, opts, platform=platform_row)
+    opts = opts or Options()
+    report = run_checks(cfg, opts, platform=lambda r, c: platform_row(r, c, opts.target))
     report.rows.insert(0, Row("config.compose", OK, f"{len(overrides)} overrides composed"))
     return report
 

@@ -48,6 +48,7 @@ class Row:
 
 @dataclass
 class Options:
+    target: str = "auto"  # what the recipe is for: auto (this process's platform), gpu, cpu
     link_gbps: Optional[float] = None  # None: laminar.relay.link_gbps
     gpu_memory_gib: float = 80.0  # per rollout GPU (H100/A100-80GB; H200: 141)
     node_role: str = "auto"  # the relay role of the node the checks run on: auto, rollout, master, trainer, none
