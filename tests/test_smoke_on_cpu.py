@@ -43,14 +43,16 @@ def test_verdict_passes_a_good_run_and_names_each_failure():
     assert good["replica_versions"] == {"0": [0, 1, 2], "1": [0, 1, 2]}
     stuck = evaluate(LOG.replace("replica 1 loaded version 1", "replica 1 loaded version 0").replace(
         "replica 1 loaded version 2", "replica 1 loaded version 0"), 3, 2, 0, set(), set())
-    assert not stuck["checks"]["every_replica_reached_last_version"]
+    assert not stuck["checks"]["every_replica_loaded_trained_weights"]
+    back = evaluate(LOG + "\nlaminar: replica 0 loaded version 1", 3, 2, 0, set(), set())
+    assert not back["checks"]["versions_never_go_back"]
     leak = evaluate(LOG, 3, 2, 0, set(), {"relay0-1234abcd"})
     assert not leak["checks"]["dev_shm_empty_after"] and leak["left_in_dev_shm"] == ["relay0-1234abcd"]
     broken = evaluate(LOG + "\nInvariantViolation: mixed versions", 3, 2, 0, set(), set())
     assert not broken["checks"]["no_invariant_violation"]
     short = evaluate(LOG, 4, 2, 0, set(), set())
     assert not short["checks"]["every_step_trained"]
-    assert not evaluate(LOG, 3, 3, 0, set(), set())["checks"]["every_replica_reached_last_version"]
+    assert not evaluate(LOG, 3, 3, 0, set(), set())["checks"]["every_replica_loaded_trained_weights"]
 
 
 def test_dry_run_prints_the_plan_and_one_gpu_is_refused():

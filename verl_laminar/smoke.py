@@ -6,8 +6,10 @@ fixture's largest tensor, so the path that sends an oversized tensor on its own 
 checks, from the run's log and the host:
 
 * the run exited 0 and every step trained;
-* every replica loaded a trained version, the newest at least ``steps - 1`` (the version published before the last
-  step; the last one may arrive after training stops), never going back a version;
+* every replica loaded a trained version (1 or later) through the relays, never going back a version. Not "the last
+  version": a replica refreshes only when its own batch ends, so whether it reaches the version published before
+  the last step depends on timing (the CPU failover e2e saw a replica generate step 3's data at version 1); the
+  verdict reports the versions each replica reached;
 * 0 invariant violations (one weight version per trajectory and per group, nothing trained twice);
 * nothing of the run is left in ``/dev/shm`` (relay stores are removed at the end).
 
@@ -67,14 +69,15 @@ def evaluate(log: str, steps: int, replicas: int, exit_code: int, shm_before: se
     checks = {
         "exit_zero": exit_code == 0,
         "every_step_trained": sorted(run.steps) == list(range(1, steps + 1)),
-        "every_replica_reached_last_version": (sorted(loads) == list(range(replicas))
-                                               and all(v >= max(1, steps - 1) for v in newest.values())),
+        "every_replica_loaded_trained_weights": (sorted(loads) == list(range(replicas))
+                                                 and all(v >= 1 for v in newest.values())),
         "versions_never_go_back": all(vs == sorted(vs) for vs in loads.values()),
         "no_invariant_violation": run.violations == 0 and "InvariantViolation" not in log,
         "dev_shm_empty_after": not (shm_after - shm_before),
     }
     return {"ok": all(checks.values()), "checks": checks, "steps": steps, "replicas": replicas,
             "replica_versions": {str(r): vs for r, vs in sorted(loads.items())},
+            "newest_version_per_replica": {str(r): v for r, v in sorted(newest.items())},
             "left_in_dev_shm": sorted(shm_after - shm_before), "exit_code": exit_code}
 
 

@@ -158,7 +158,7 @@ def test_failed_refresh_fails_waiting_groups_loudly():
             await waiting
         with pytest.raises(RuntimeError, match="failed refresh"):
             await router.assign_group("g3", 1)
-        assert tries == [0] + [1] * (FAST.retries + 1)  # a lasting failure stops the run after the retries
+        assert tries == [0, 1]  # a failed load stops the run at once: no second transfer into that engine
 
     asyncio.run(main())
 
@@ -270,33 +270,53 @@ def test_a_relay_that_never_progresses_times_out_after_the_retries(caplog):
     asyncio.run(main())
     logged = attempts(caplog)
     assert len(logged) == 2
-    assert all("replica 0 to version 0" in m and "ReadableTimeout" in m for m in logged)
+    assert all("waiting for version 0 failed" in m and "ReadableTimeout" in m for m in logged)
     assert "attempt 1 of 3" in logged[0] and "attempt 2 of 3" in logged[1]
 
 
-def test_a_refresh_that_fails_once_is_retried_and_the_run_goes_on(caplog):
+def test_a_failed_load_is_not_retried_into_the_same_engine(caplog):
+    """A load that raised may have left part of the version in the vLLM engine (or its receiver waiting for the
+    rest): a second transfer would interleave with it, so the run stops at once, naming the cause."""
     async def main():
         tries = []
 
-        async def flaky(replica, version):
+        async def broken(replica, version):
             tries.append(version)
-            if tries.count(version) == 1 and version == 1:
-                raise OSError("relay connection reset")
+            if version == 1:
+                raise OSError("weight transfer failed in bucket 3")
             replica.server.version = version
 
-        router, server = one_replica(refresher=flaky)
+        router, server = one_replica(refresher=broken)
         await router.start(0)
         await router.assign_group("g1", 1)
         await router.on_publish(1)
         await router.finish_group("g1")
-        a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
-        assert (a.version, server.version, tries) == (1, 1, [0, 1, 1])
-        assert router.versions() == {0: 1} and router._error is None
+        with pytest.raises(RuntimeError, match="failed"):
+            await asyncio.wait_for(router.assign_group("g2", 1), 5)
+        assert tries == [0, 1] and isinstance(router._error, OSError)
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(main())
+    assert attempts(caplog) == []
+
+
+def test_a_wait_that_fails_once_is_retried_and_the_run_goes_on(caplog):
+    class Flaky(FakeRelay):
+        def newest(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionError("relay restarting")
+            return super().newest()
+
+    async def main():
+        relay = Flaky(versions=[0])
+        router, server = one_replica(relay=relay, refresh=RefreshSettings(retry_backoff_s=0.0))
+        assert await router.start(0) == {0: 0} and server.version == 0
 
     caplog.set_level(logging.WARNING)
     asyncio.run(main())
     logged = attempts(caplog)
-    assert len(logged) == 1 and "replica 0 to version 1: attempt 1 of 3" in logged[0] and "OSError" in logged[0]
+    assert len(logged) == 1 and "waiting for version 0 failed, attempt 1 of 3" in logged[0]
 
 
 def test_a_load_past_its_deadline_stops_the_run_without_a_second_load(caplog):
@@ -318,19 +338,15 @@ def test_a_load_past_its_deadline_stops_the_run_without_a_second_load(caplog):
     assert attempts(caplog) == []
 
 
-def test_a_version_evicted_from_the_relay_loads_the_newest_readable_instead(caplog):
+def test_a_replica_loads_the_newest_version_its_relay_holds_never_an_evicted_one(caplog):
+    """The refresh was decided for version 1; by the time the replica's batch drained, the trainer had published
+    2 and 3 and the relay (keep_versions=2) had evicted 1. The replica loads 3, the newest, not 1."""
     async def main():
         relay = FakeRelay(versions=[0])
         loads = []
-        router = None
 
         async def load(replica, version):
-            if version == 1:
-                # while replica 0 got to loading 1, the trainer published 2 and 3 and the relay evicted 1
-                relay.committed = [2, 3]
-                await router.on_publish(2)
-                await router.on_publish(3)
-                raise RuntimeError("ray.exceptions.RayTaskError(VersionGoneError): version 1 was evicted")
+            assert version in relay.committed, f"loaded version {version}, not on the relay {relay.committed}"
             loads.append(version)
             replica.server.version = version
 
@@ -338,18 +354,19 @@ def test_a_version_evicted_from_the_relay_loads_the_newest_readable_instead(capl
         await router.start(0)
         await router.assign_group("g1", 1)
         relay.committed = [0, 1]
-        await router.on_publish(1)
+        await router.on_publish(1)  # decided while g1 runs: the refresh waits for the batch to end
+        relay.committed = [2, 3]
+        await router.on_publish(2)
+        await router.on_publish(3)
         await router.finish_group("g1")
         a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
         assert (a.version, server.version, loads) == (3, 3, [0, 3])
         assert router.versions() == {0: 3} and router._error is None
         assert [(r, v) for r, v, _ in router.drain_events()["versions"]] == [(0, 0), (0, 3)]
 
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     asyncio.run(main())
-    assert attempts(caplog) == []  # not a failure: no retry used
-    assert any("version 1 left its relay" in r.getMessage() and "loading version 3" in r.getMessage()
-               for r in caplog.records)
+    assert attempts(caplog) == []
 
 
 def test_a_refresh_waits_until_the_relay_has_committed_the_version():

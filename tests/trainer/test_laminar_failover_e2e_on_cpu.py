@@ -56,6 +56,9 @@ def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on
     # killed after step 1 published version 1 and before step 2 could publish (the trainer waits for the
     # kill): it may have loaded version 1 first, never a later one; the live one goes on
     assert max(v for r, v in loads if r == KILLED) <= 1, loads
-    assert max(v for r, v in loads if r == 1 - KILLED) >= 2, loads
+    # the live one pulls the version published just before the kill (1), and trains every step on it (the test
+    # above). Whether it also reaches version 2 before the run stops depends on timing: with the warm-up batches it
+    # may generate step 3's data at version 1 (a CI run did: step 3 trained 6 s after step 2, staleness 1)
+    assert max(v for r, v in loads if r == 1 - KILLED) >= 1, loads
     failures = re.findall(r"laminar: replica (\d+) died \(", log)
     assert [int(f) for f in failures] == [KILLED], failures

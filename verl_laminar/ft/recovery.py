@@ -76,9 +76,14 @@ class FailoverMixin:
 
     async def _reassign(self, gid: str, target: int) -> None:
         """Record in the pool where the group's responses continue (what ``on_replica`` answers)."""
-        if self.pool is not None:
-            await asyncio.gather(*(self.pool.reassign.remote(self._pool_key(gid, j), target)
-                                   for j in range(len(self.work.lengths[gid]))))
+        if self.pool is None:
+            return
+        opened = self.pool_opened.get(self._pool_key(gid, 0))
+        if opened is None:
+            return  # its run has not opened entries yet: it opens them on the replica it is pinned to now
+        await opened.wait()  # the opens are in flight (the group was moved while run_group awaited them)
+        await asyncio.gather(*(self.pool.reassign.remote(self._pool_key(gid, j), target)
+                               for j in range(len(self.work.lengths[gid]))))
 
     async def _relay_versions(self) -> list[int]:
         import ray

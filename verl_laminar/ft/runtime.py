@@ -112,6 +112,9 @@ class FtRuntime(FailoverMixin):
         self.feed = list(workload.groups)
         self.feeding = True
         self.attempt: dict[str, int] = {}
+        # set once a group's pool entries of its current attempt are open: a failover that moves the group while
+        # run_group still awaits the opens must not reassign entries the pool has not seen yet
+        self.pool_opened: dict[str, asyncio.Event] = {}
         self.started_s: dict[str, float] = {}
         self.trajectories_started = 0
         self.regenerated = 0
@@ -297,10 +300,14 @@ class FtRuntime(FailoverMixin):
         self.trajectories_started += n
         sampling = {"temperature": self.s.temperature, "ignore_eos": True, "logprobs": True}
         if self.pool is not None:
-            await asyncio.gather(*(self.pool.open.remote(self._pool_key(gid, j), gid, a.version,
-                                                         self.work.prompts[gid], dict(sampling, max_tokens=L),
-                                                         a.replica_id)
-                                   for j, L in enumerate(self.work.lengths[gid])))
+            opened = self.pool_opened[self._pool_key(gid, 0)] = asyncio.Event()
+            try:
+                await asyncio.gather(*(self.pool.open.remote(self._pool_key(gid, j), gid, a.version,
+                                                             self.work.prompts[gid], dict(sampling, max_tokens=L),
+                                                             a.replica_id)
+                                       for j, L in enumerate(self.work.lengths[gid])))
+            finally:
+                opened.set()  # also when an open failed: a waiting reassign then reports the missing entry
         # every response ends before the group is judged: on a regeneration all of them stop at _placed
         got = await asyncio.gather(*(self.run_traj(gid, j, a.version, sampling) for j in range(n)),
                                    return_exceptions=True)

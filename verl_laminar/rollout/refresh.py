@@ -10,8 +10,9 @@ Dataflow of one refresh (``ReplicaRefresh._refresh``, mixed into ``rollout.route
     -> wait until its relay committed the version (relay.newest; relay.progress shows chunks still arriving,
        which keeps the wait alive; the deadline comes from ``policy.timeouts``)
     -> load it (refresh_replica, bounded by the load deadline)
-    a failed wait or load: retried ``laminar.refresh.retries`` times, then the router stops as before;
-    the version left the relay (VersionGoneError): the replica loads a newer readable one instead;
+    a failed wait: retried ``laminar.refresh.retries`` times, then the router stops as before; a failed load
+    stops it at once (the engine may hold part of the version);
+    a newer version readable by the time the wait ends: the replica loads that one (never an evicted one);
     the replica died: it is failed over (``rollout.router_failover``), dispatch goes on.
 """
 
@@ -55,19 +56,6 @@ async def refresh_replica(workers: Sequence[Any], version: int) -> None:
     if not workers:
         raise ValueError("refresh_replica: the replica has no CheckpointEngineWorker handles")
     await asyncio.gather(*[w.update_weights.remote(global_steps=int(version)) for w in workers])
-
-
-def version_gone(error: BaseException) -> bool:
-    """Was ``error`` the relay's VersionGoneError? Across Ray it arrives wrapped in a task error whose
-    type or message names it; matched by name so the router does not import the relay's store."""
-    seen: set[int] = set()
-    e: Optional[BaseException] = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if any(c.__name__ == "VersionGoneError" for c in type(e).__mro__) or "VersionGoneError" in str(e):
-            return True
-        e = getattr(e, "cause", None) or e.__cause__
-    return False
 
 
 def _manifest_size(desc: dict) -> tuple[Optional[int], Optional[int]]:
@@ -135,16 +123,14 @@ class ReplicaRefresh:
                 f"if the load is only slow, raise laminar.refresh.min_wait_s or laminar.refresh.wait_factor"
             ) from None
 
-    async def _newer_readable(self, replica_id: int, gone: int) -> Optional[int]:
-        """A version newer than ``gone`` to load instead: the newest the relay holds that the trainer has
-        announced, else the announced one (the wait then waits for it); None if nothing newer is known.
-        Strictly newer than ``gone``, so a chain of evictions cannot loop."""
+    async def _newest_readable(self, replica_id: int, version: int) -> int:
+        """The newest version the replica's relay holds that the trainer announced, if newer than ``version``:
+        loading it instead is always right (a trajectory needs one version, not a particular one), and it is
+        the one the relay will not evict next."""
         relay = self._relays.get(replica_id)
         readable = await relay.versions.remote() if relay is not None else []
-        ok = [int(v) for v in readable if gone < int(v) <= self._published]
-        if ok:
-            return max(ok)
-        return self._published if self._published > gone else None
+        ok = [int(v) for v in readable if version < int(v) <= self._published]
+        return max(ok) if ok else version
 
     def _retarget(self, replica_id: int, version: int) -> None:
         """Point the replica's refresh at ``version`` (no await in between: no pump can plan a second one)."""
@@ -154,33 +140,35 @@ class ReplicaRefresh:
             replica_id, r.version, version),)), self._cfg)
 
     async def _load_with_retries(self, d: RefreshDecision) -> int:
-        """Wait for and load the version; returns the version loaded (newer than decided if it left the relay)."""
+        """Wait for the version (retried), then load it once; returns the version loaded (a newer one when the
+        relay holds one by then).
+
+        Only the wait is retried: nothing has reached the replica yet. A failed load is not: verl's receiver in
+        the vLLM worker may have taken part of the version (or still be waiting for it), and a second transfer
+        into that engine would interleave with the first, so the router stops, naming the cause."""
         rid, target, failed = d.replica_id, d.to_version, 0
         while True:
             try:
                 await self._wait_readable(rid, target)
-                await self._load(rid, target)
-                return target
-            except LoadTimeout:
-                raise  # the load may still run on the workers: a second one would interleave with it
+                break
             except Exception as e:  # noqa: BLE001 - retried or re-raised to _refresh, the fault boundary
                 if self._closed or not self._state.replica(rid).alive or not await self._alive(rid):
                     raise
-                if version_gone(e):
-                    newer = await self._newer_readable(rid, target)
-                    if newer is not None:
-                        logger.warning("replica %d: version %d left its relay (%r); loading version %d instead",
-                                       rid, target, e, newer)
-                        self._retarget(rid, newer)
-                        target = newer
-                        continue
                 retries, backoff = self._refresh_settings.retries, self._refresh_settings.retry_backoff_s
                 if failed >= retries:
                     raise
                 failed += 1
-                logger.warning("refresh of replica %d to version %d: attempt %d of %d failed (%r); retrying in "
+                logger.warning("replica %d: waiting for version %d failed, attempt %d of %d (%r); retrying in "
                                "%.1f s", rid, target, failed, retries + 1, e, backoff)
                 await asyncio.sleep(backoff)
+        newest = await self._newest_readable(rid, target)
+        if newest != target:
+            logger.info("replica %d: its relay already holds version %d; loading it instead of %d", rid, newest,
+                        target)
+            self._retarget(rid, newest)
+            target = newest
+        await self._load(rid, target)
+        return target
 
     async def _drain(self, replica_id: int, t0: float) -> None:
         while self._inflight[replica_id]:
