@@ -22,14 +22,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from verl_laminar.policy.chain import chain_time, t_model
+from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, chain_time, t_model
 
 if TYPE_CHECKING:  # only for the annotation; the policy stays free of the config package at run time
     from verl_laminar.config.schema import LaminarConfig
 
-# Per-chunk start-up cost of one TCP message between relays in one data centre: a round trip plus the
-# header handling; it moves T*(p) by (p - 2) * Ts, small next to W * Tb for any real model.
-DEFAULT_CHUNK_LATENCY_S = 1e-3
+# The per-chunk start-up cost Ts is the relays' own (policy.chain, measured between relays): one value for the
+# chunk count the relays choose and for the deadlines the router derives from it.
 # A replica reads its version from host shared memory and copies it into the engine tensor by tensor;
 # 1 GB/s is well below what one host-to-device copy sustains, so a healthy load never hits the deadline.
 DEFAULT_LOAD_GBYTES_S = 1.0
