@@ -77,7 +77,7 @@ if [ "$SKEW" = 1 ]; then
   # Every response runs to a length drawn per (prompt index, response index) from one seeded lognormal, and
   # the reward reads only the first answer line; identical in every recipe that sources this file.
   WORKLOAD+=(
-    actor_rollout_ref.rollout.agent.default_agent_loop=laminar_skewed
+    actor_rollout_ref.rollout.agent.default_agent_loop="${SKEW_LOOP:-laminar_skewed}"
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$repo/recipes/cpu/skewed_agent_loop.yaml"
     reward.custom_reward_function.path="$repo/verl_laminar/reward/first_answer.py"
     reward.custom_reward_function.name=compute_score
