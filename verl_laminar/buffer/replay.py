@@ -70,8 +70,15 @@ def restored_records(partition: dict[str, dict], rollout_n: Optional[int], n_now
     return out
 
 
+# How often the trainer's sampling loop reads TransferQueue's metadata while it waits for groups. verl's
+# ReplayBuffer sleeps 2.0 s between reads, so every wait is rounded up to a multiple of 2 s (measured: the
+# trainer's wait-for-data was 2.008 s for data that was 10 ms late). A read is one small actor call.
+POLL_S = 0.1
+
+
 class LaminarReplayBuffer(ReplayBufferAsync):
     def __init__(self, *args: Any, rollout_n: Optional[int] = None, **kwargs: Any) -> None:
+        kwargs.setdefault("poll_interval", POLL_S)
         super().__init__(*args, **kwargs)
         self.rollout_n = rollout_n
         self.experience = ExperienceBuffer()
