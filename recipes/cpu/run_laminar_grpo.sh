@@ -7,9 +7,10 @@
 #
 # Repack is on (laminar.repack.enabled=false turns it off); it checks every REPACK_INTERVAL s (default 1.0:
 # trajectories here take seconds, where the paper's 5 s interval is sized for minute-long ones).
-# Resources: 1 FSDP rank for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
+# Resources: TRAINER_RANKS (default 1) FSDP ranks for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
+TRAINER_RANKS=${TRAINER_RANKS:-1}  # FSDP ranks of the trainer (logical Ray GPUs; on CPU they share the cores)
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_laminar}
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -19,7 +20,7 @@ exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.hybrid_engine=False \
   actor_rollout_ref.rollout.nnodes=1 \
   actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
-  trainer.n_gpus_per_node=1 \
+  trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=laminar_grpo \
   laminar.repack.interval_s="${REPACK_INTERVAL:-1.0}" \
   "${WORKLOAD[@]}" \

@@ -9,6 +9,7 @@
 # nccl/hccl engines need an accelerator).
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
+TRAINER_RANKS=${TRAINER_RANKS:-1}  # FSDP ranks of the trainer (logical Ray GPUs; on CPU they share the cores)
 SYNC_STEP=${SYNC_STEP:-1}      # trainer steps between verl's global weight syncs
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_separate_async}
 # shellcheck source=common.sh
@@ -22,7 +23,7 @@ exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
   actor_rollout_ref.rollout.checkpoint_engine.backend=laminar \
   actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend \
-  trainer.n_gpus_per_node=1 \
+  trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=separate_async_grpo \
   "${WORKLOAD[@]}" \
   "$@"

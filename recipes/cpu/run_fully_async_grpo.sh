@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# verl's fully_async_policy (partial rollout: the AReaL-like design) on CPU, on the workload the other CPU
+# recipes share. Its own entry point and config (verl.experimental.fully_async_policy), not main_ppo.
+#
+#   STEPS=4 REPLICAS=2 bash recipes/cpu/run_fully_async_grpo.sh [extra hydra overrides...]
+#
+# Resources: TRAINER_RANKS (default 1) FSDP ranks for the trainer + REPLICAS standalone rollout replicas; weights move through the
+# laminar checkpoint engine (verl's default nccl backend needs CUDA), as in run_separate_async_grpo.sh.
+set -euo pipefail
+REPLICAS=${REPLICAS:-2}
+TRAINER_RANKS=${TRAINER_RANKS:-1}  # FSDP ranks of the trainer (logical Ray GPUs; on CPU they share the cores)
+OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_fully_async}
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+if [ "$ENTRY" = verl.trainer.main_ppo ]; then ENTRY=verl.experimental.fully_async_policy.fully_async_main; fi
+
+exec "$PY" -m "$ENTRY" \
+  actor_rollout_ref.hybrid_engine=False \
+  rollout.nnodes=1 \
+  rollout.n_gpus_per_node="$REPLICAS" \
+  rollout.n="$GROUP" \
+  rollout.total_rollout_steps=$((STEPS * BATCH)) \
+  data.gen_batch_size=1 \
+  async_training.trigger_parameter_sync_step=1 \
+  async_training.require_batches=1 \
+  actor_rollout_ref.model.use_remove_padding=False \
+  actor_rollout_ref.rollout.checkpoint_engine.backend=laminar \
+  actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend \
+  trainer.n_gpus_per_node="$TRAINER_RANKS" \
+  trainer.experiment_name=fully_async_grpo \
+  "${WORKLOAD[@]}" \
+  "$@"
