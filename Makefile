@@ -1,6 +1,7 @@
 # verl_laminar: one command to set up and run, one to set up and test (idempotent; venv in .venv, ignored by git).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: setup fixtures demo test test-fast test-slow clean-shm
 
@@ -10,9 +11,10 @@ setup:
 fixtures: setup
 	$(PY) -m verl_laminar.fixtures
 
-# The main job on the embedded default: verl's sync GRPO on the CPU fixtures (3 steps, per-step metrics).
+# The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (4 steps each, the
+# paper-regime workload), one summary screen and the pictures; verl/vLLM output goes to runs/demo/<mode>.log.
 demo: fixtures
-	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- bash recipes/cpu/run_sync_grpo.sh
+	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.demo $(DEMO_ARGS)
 	$(MAKE) clean-shm
 
 # Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.

@@ -77,6 +77,8 @@ BAD_VALUES = [
     ({"fault_injection.kill_replica": -1}, "laminar.fault_injection.kill_replica=-1: must be null (no fault) or"),
     ({"fault_injection.kill_after_step": 0}, "laminar.fault_injection.kill_after_step=0: must be a training step"),
     ({"fault_injection.kill_trainer_after_step": 0}, "laminar.fault_injection.kill_trainer_after_step=0: must be null"),
+    ({"timeline.path": " "}, "laminar.timeline.path=' ': must be null (<trainer.default_local_dir>/laminar_timeline"),
+    ({"timeline.path": 3}, "laminar.timeline.path=3: must be of type str, got int"),
 ]
 
 

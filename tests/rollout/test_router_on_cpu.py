@@ -97,7 +97,7 @@ def test_replica_refreshes_only_when_its_own_batch_ends():
         nxt = await router.assign_group("g9", 2)
         assert (nxt.replica_id, nxt.version) == (0, 1)
         ev = router.drain_events()
-        assert (0, 1) in [(r, v) for r, v, _ in ev["versions"]]
+        assert (0, 1) in [(r, v) for r, v, *_ in ev["versions"]]
         assert len(ev["started"]) == 10  # 5 groups x n=2
 
     asyncio.run(main())
@@ -118,6 +118,41 @@ def test_groups_wait_when_every_batch_is_full_and_run_all_requests_on_one_versio
         finished = router.drain_events()["finished"]
         assert len(finished) == 24 and all(e["n"] >= e["version"] for e in finished)
         assert router.get_total_inflight() == 0
+
+    asyncio.run(main())
+
+
+def test_events_carry_load_intervals_and_a_clock_pair_that_converts_another_nodes_clock():
+    """The router's clock here starts 10^6 s away from this process's monotonic clock (another node): its own
+    (clock, Unix time) pair turns its event times into Unix times all the same."""
+    from verl_laminar import timeline as tl
+
+    async def slow_load(replica, version):
+        await asyncio.sleep(0.05)
+        replica.server.version = version
+
+    async def main():
+        router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=slow_load,
+                               clock=lambda: time.monotonic() + 1e6)
+        t_before = time.time()
+        await router.start(0)
+        await run_group(router, "g1", n=2)
+        await router.on_publish(1)
+        await asyncio.wait_for(router.assign_group("g2", 1), 5)  # after the refresh to version 1
+        events = router.drain_events()
+        t_after = time.time()
+        (load0, load1) = events["versions"]
+        assert (load0[0], load0[1], load0[4]) == (0, 0, -1) and (load1[1], load1[4]) == (1, 0)
+        assert all(v[3] + 0.04 <= v[2] for v in events["versions"])  # t0 .. t1 spans the 0.05 s load
+        assert abs(events["clock"][0] - (time.monotonic() + 1e6)) < 1.0
+        assert all(e["assigned_s"] is not None and e["assigned_s"] <= e["finish_s"] for e in events["finished"])
+        records = tl.records_from_events(events)
+        assert [type(r).__name__ for r in records] == ["Trajectory", "Trajectory", "Load", "Load"]
+        for r in records:
+            assert t_before - 0.01 <= r.start <= r.end <= t_after + 0.01, r
+        assert records[2].end <= records[0].start and records[1].end <= records[3].start
+        assert set(router.drain_events()) == {"started", "finished", "versions", "violations", "failures",
+                                              "clock"}
 
     asyncio.run(main())
 
@@ -362,7 +397,7 @@ def test_a_replica_loads_the_newest_version_its_relay_holds_never_an_evicted_one
         a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
         assert (a.version, server.version, loads) == (3, 3, [0, 3])
         assert router.versions() == {0: 3} and router._error is None
-        assert [(r, v) for r, v, _ in router.drain_events()["versions"]] == [(0, 0), (0, 3)]
+        assert [(r, v) for r, v, *_ in router.drain_events()["versions"]] == [(0, 0), (0, 3)]
 
     caplog.set_level(logging.INFO)
     asyncio.run(main())

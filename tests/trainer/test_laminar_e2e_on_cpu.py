@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB o
 
 STEPS = 3
 VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
+RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,8 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh")], env=env, capture_output=True,
                           text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
-    (out / "log.txt").write_text(log)
+    (out / "laminar.log").write_text(log)  # a plain console log: the report reads *.log
+    RUN_DIR["out"] = out
     assert proc.returncode == 0, log[-4000:]
     VERDICT.update(evaluate(log, STEPS, 2, proc.returncode, before, shm_entries()))
     return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
@@ -85,3 +88,28 @@ def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     # every migration moves at least one sequence off the replica it empties
     assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"], last
     assert last["laminar/repack/emptied"] == last["laminar/repack/migrations"]
+
+
+def test_the_run_leaves_a_timeline_the_report_draws(laminar_run, tmp_path_factory):
+    """The trainer's timeline file holds this run (every step, a trained version loaded by each replica, every
+    trained trajectory), and ``python -m verl_laminar.report`` turns this real run into its pictures."""
+    from verl_laminar import timeline as tl
+    from verl_laminar.report import png_text
+
+    out = RUN_DIR["out"]
+    records = tl.read_timeline(tl.default_path(str(out / "checkpoints")))
+    steps = [r for r in records if isinstance(r, tl.Step)]
+    assert [s.step for s in steps] == list(range(1, STEPS + 1))
+    loads = [r for r in records if isinstance(r, tl.Load)]
+    assert {r.replica for r in loads if r.version >= 1} == {0, 1}, loads
+    assert all(r.start <= r.end for r in loads)
+    trajectories = [r for r in records if isinstance(r, tl.Trajectory)]
+    assert len(trajectories) >= STEPS * 8 * 4 and all(t.start <= t.end for t in trajectories)
+    assert {p.version for p in records if isinstance(p, tl.Publish)} >= set(range(STEPS))
+    report = tmp_path_factory.mktemp("report")
+    proc = subprocess.run([sys.executable, "-m", "verl_laminar.report", str(out), "--out",
+                           str(report), "--json"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = sorted(p.name for p in report.glob("*.png"))
+    assert any(n.startswith("timeline") for n in names) and "staleness.png" in names, (names, proc.stdout)
+    assert "Description" in png_text(report / "staleness.png")

@@ -8,13 +8,14 @@ relay 0 to relay 1 (Ts: header round trip; one copy of W bytes) -> chunk count f
 (best_chunks) -> the publisher writes W bytes into the master's host memory (trainer stall) -> chain
 broadcast -> every relay's copy hashed against the source -> JSON (and, for --sweep, a plot of
 measured vs modelled time). Everything this creates (namespaces, processes, tmpfs stores) is removed
-on exit, by name and PID.
+on exit, by name and PID. The JSON opens with the provenance record (``bench.provenance``: date,
+machine, command, commit, load average at start); ``--results docs/results`` also writes it to
+``docs/results/bench_relay_p<relays>_<date>.json`` (``bench_relay_sweep_<date>.json`` with --sweep).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import logging
@@ -26,8 +27,10 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Optional
 
+from verl_laminar.bench.provenance import provenance
 from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
 from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
 from verl_laminar.relay.publish import Publisher
@@ -238,6 +241,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "chunk's wake-up; normal measures the host's scheduler as well")
     ap.add_argument("--sweep", action="store_true", help="run p = 2, 4, 8, 16 and plot measured vs modelled")
     ap.add_argument("--out", default="runs/relay-bench", help="directory for the sweep JSON and plot")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
+    ap.add_argument("--results-name", default=None,
+                    help="file name stem for --results (default bench_relay_p<relays>, or bench_relay_sweep)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     if a.relays < 2:
@@ -251,6 +258,15 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ps = [2, 4, 8, 16] if a.sweep else [a.relays]
+    prov = provenance(argv, "verl_laminar.bench.relay")  # before the run: the load it started under
+    saved = None
+    if a.results:
+        stem = a.results_name or ("bench_relay_sweep" if a.sweep else f"bench_relay_p{a.relays}")
+        saved = Path(a.results) / f"{stem}_{prov['date'][:10]}.json"
+        if saved.exists():
+            print(f"relay bench: {saved} exists: pass --results-name to keep both", file=sys.stderr)
+            return 2
+        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
 
     def _term(*_):
         raise _Terminated()
@@ -275,15 +291,16 @@ def main(argv=None) -> int:
             bench.cleanup()
         bed.down()
         shutil.rmtree(workdir, ignore_errors=True)
-    result: dict = rows[0] if not a.sweep else {"sweep": rows}
-    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    result: dict = {**prov, **(rows[0] if not a.sweep else {"sweep": rows})}
     if a.sweep:
         os.makedirs(a.out, exist_ok=True)
         plot = os.path.join(a.out, "relay_sweep.png")
         _plot(rows, plot)
-        result.update({"plot": plot, "date": stamp, "cpus": os.cpu_count()})
+        result["plot"] = plot
         with open(os.path.join(a.out, "relay_sweep.json"), "w") as f:
             json.dump(result, f, indent=2)
+    if saved is not None:
+        saved.write_text(json.dumps(result, indent=2) + "\n")
     if a.json:
         print(json.dumps(result, indent=2))
     else:

@@ -18,7 +18,9 @@ the run's sampling settings, as the batch where the profile's compute slope catc
 single-sequence step (``policy.roofline.crossover_batch_from_profile``), unless ``--max-batch-b`` is given.
 
 Modes alternate off/on ``--repeats`` times on the same replicas (weights reset to version 0 each run);
-the JSON reports the means and every run.
+the JSON reports the means and every run, under the provenance record (``bench.provenance``: date, machine,
+command, commit, load average at start). ``--results docs/results`` also writes it to
+``docs/results/bench_repack_<date>.json`` (``bench_pool_overhead_<date>.json`` with ``--pool-overhead``).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from verl_laminar import metrics as lm
+from verl_laminar.bench.provenance import provenance
 from verl_laminar.policy.dispatch import (
     DispatchConfig,
     apply_plan,
@@ -454,6 +458,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
+    ap.add_argument("--results-name", default=None,
+                    help="file name stem for --results (default bench_repack, or bench_pool_overhead)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.replicas < 2:
@@ -466,18 +474,30 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    prov = provenance(argv, "verl_laminar.bench.repack")  # before the run: the load it started under
+    saved = None
+    if args.results:
+        stem = args.results_name or ("bench_pool_overhead" if args.pool_overhead else "bench_repack")
+        saved = Path(args.results) / f"{stem}_{prov['date'][:10]}.json"
+        if saved.exists():
+            logger.error("%s exists: pass --results-name to keep both", saved)
+            return 2
+        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
     from verl_laminar.watchdog import bounded
     import ray
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
-        result = asyncio.run(bounded(bench(args), args.timeout_s, "bench.repack"))
+        result = {**prov, **asyncio.run(bounded(bench(args), args.timeout_s, "bench.repack"))}
     finally:
         ray.shutdown()
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    if saved is not None:
+        saved.write_text(text + "\n")
+        logger.info("wrote %s", saved)
     if args.json:
         print(text)
     elif args.pool_overhead:

@@ -15,7 +15,9 @@ regenerated, recovery_s per fault kind, train_tokens_per_s_before/during/after, 
 Training throughput is the paper's: prompt + response tokens of a step / time between two publications,
 each step's tokens spread over its own interval (``chaos.plan.step_segments``), so a window boundary never
 rounds a 10 s step to zero or one; response-only rates are reported beside it. ``step_timeline`` has every
-step with where its time went (lease wait, train, checkpoint, publish).
+step with where its time went (lease wait, train, checkpoint, publish). The JSON opens with the provenance
+record (``bench.provenance``: date, machine, command, commit, load average at start); ``--results docs/results``
+also writes it to ``docs/results/chaos_<date>.json``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import random
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Optional
 
+from verl_laminar.bench.provenance import provenance
 from verl_laminar.chaos.plan import parse_counts, schedule, throughput_report
 from verl_laminar.ft import faults
 
@@ -247,6 +251,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--model", default=None)
     ap.add_argument("--workdir", default=None, help="checkpoints and the pool log (default: a temporary folder)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
+    ap.add_argument("--results-name", default="chaos", help="file name stem for --results")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -261,19 +268,30 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    prov = provenance(argv, "verl_laminar.chaos")  # before the run: the load it started under
+    saved = None
+    if args.results:
+        saved = Path(args.results) / f"{args.results_name}_{prov['date'][:10]}.json"
+        if saved.exists():
+            logger.error("%s exists: pass --results-name to keep both", saved)
+            return 2
+        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
     import ray
 
     from verl_laminar.watchdog import bounded
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, namespace="laminar_ft")
     try:
-        result = asyncio.run(bounded(chaos(args), args.timeout_s, "chaos"))
+        result = {**prov, **asyncio.run(bounded(chaos(args), args.timeout_s, "chaos"))}
     finally:
         ray.shutdown()
     text = json.dumps(result, indent=2, default=str)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    if saved is not None:
+        saved.write_text(text + "\n")
+        logger.info("wrote %s", saved)
     if args.json:
         print(text)
     ok = result["lost"] == 0 and result["duplicated"] == 0 and result["mixed_version"] == 0

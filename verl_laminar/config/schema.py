@@ -183,6 +183,17 @@ class MetricsConfig(_Section):
     staleness_histogram: bool = True
 
 
+@dataclass(frozen=True)
+class TimelineConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.timeline"
+    path: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self._require("path", self.path is None or self.path.strip() != "",
+                      "must be null (<trainer.default_local_dir>/laminar_timeline.jsonl) or a file path, e.g. "
+                      "runs/my_run/laminar_timeline.jsonl")
+
+
 OffPolicyCorrection = Literal["clipped_token_ratio", "verl_rollout_correction"]
 
 
@@ -206,6 +217,7 @@ class LaminarConfig(_Section):
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
+    timeline: TimelineConfig = field(default_factory=TimelineConfig)
     cpu_priority: bool = True
 
     def __post_init__(self) -> None:

@@ -207,6 +207,9 @@ class ReplicaRefresh:
         self._state = complete_refresh(self._state, d.replica_id, loaded)
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
-        self._events["versions"].append((d.replica_id, loaded, t1))
+        # (replica, version, finished, started, previous version): the first three are what the ledger needs,
+        # the last two give the report's timeline the whole load interval (t0 includes the drain and the wait
+        # for the relay: the replica serves nothing from t0 on)
+        self._events["versions"].append((d.replica_id, loaded, t1, t0, d.from_version))
         logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, loaded, t1 - t0)
         self._pump()

@@ -163,9 +163,11 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
-    def drain_events(self) -> dict[str, list]:
+    def drain_events(self) -> dict[str, Any]:
+        """The events since the last drain, and ``clock``: (this router's clock now, Unix time now), so that the
+        trainer, maybe on another node, can turn the events' router-clock times into wall-clock times."""
         out, self._events = self._events, {k: [] for k in self._events}
-        return out
+        return {**out, "clock": (self._clock(), time.time())}
 
     def versions(self) -> dict[int, int]:
         return self._state.versions()
@@ -231,6 +233,9 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         if group_id not in self._validate:
             self._events["finished"].append(dict(key=key, group_id=group_id, replica_id=a.replica_id,
                                                  version=a.version, start_s=start_s, finish_s=self._clock(),
+                                                 # start_s is the agent-loop worker's clock (maybe another
+                                                 # node); the group's assignment is on this router's clock
+                                                 assigned_s=self._assigned_s.get(group_id),
                                                  prompt_tokens=int(prompt_tokens),
                                                  response_tokens=int(response_tokens), n=n))
         return n

@@ -5,12 +5,16 @@
     python -m verl_laminar.sim --sensitivity [--out DIR]
 
 Results are JSON on stdout (``--json``) or a short table; plots and the full JSON go under ``--out``
-(default ``runs/sim/``, git-ignored). Every number printed is SIMULATED.
+(default ``runs/sim/``, git-ignored). Every number printed is SIMULATED. Every JSON opens with the provenance
+record (``bench.provenance``: date, machine, command, commit, load average at start); ``--results docs/results``
+also writes the full JSON (provenance, parameters, summary, rows) to ``docs/results/sim_paper_<date>.json``
+(``sim_sensitivity_<date>.json``, or ``sim_<model>_<gpus>gpus_<system>_<date>.json`` for one configuration).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +22,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
+from verl_laminar.bench.provenance import provenance
 from verl_laminar.sim.grid import repack_reference, run_grid, summarize
 from verl_laminar.sim.params import DEFAULT_PARAMS, MODELS
 from verl_laminar.sim.search import best_split
@@ -41,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default=os.path.join("runs", "sim"), help="directory for plots and full JSON")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the full JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
+    ap.add_argument("--results-name", default=None,
+                    help="file name stem for --results (default: sim_paper, sim_sensitivity or "
+                         "sim_<model>_<gpus>gpus_<system>)")
     ap.add_argument("-v", "--verbose", action="store_true")
     return ap
 
@@ -64,12 +75,36 @@ def _emit(obj: dict, as_json: bool) -> None:
         sys.stdout.write(f"{k}: {v}\n")
 
 
+def _results_file(args: argparse.Namespace, prov: dict) -> Optional[Path]:
+    if not args.results:
+        return None
+    stem = args.results_name or ("sim_paper" if args.paper else "sim_sensitivity" if args.sensitivity
+                                 else f"sim_{args.model}_{args.gpus}gpus_{args.system}")
+    return Path(args.results) / f"{stem}_{prov['date'][:10]}.json"
+
+
+def _save(path: Optional[Path], record: dict) -> None:
+    if path is not None:
+        path.write_text(json.dumps(_clean(record), indent=1) + "\n")
+        logger.info("wrote %s", path)
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
+    if not (args.paper or args.sensitivity or (args.model and args.gpus and args.system)):
+        _parser().error("give --paper, --sensitivity, or all of --model, --gpus and --system")
+    # simulated, so the machine only decides the runtime; recorded all the same, with the code and the command
+    prov = {**provenance(argv, "verl_laminar.sim"), "label": "SIMULATED"}
+    saved = _results_file(args, prov)
+    if saved is not None:
+        if saved.exists():
+            _parser().error(f"{saved} exists: pass --results-name to keep both")
+        saved.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     p = DEFAULT_PARAMS
+    params = dataclasses.asdict(p)
     if args.paper:
         rows, secs = run_grid(args.seed, p, workers=args.workers)
         summary = summarize(rows)
@@ -78,31 +113,32 @@ def main(argv=None) -> int:
         summary["workers"] = args.workers
         summary["seed"] = args.seed
         out.mkdir(parents=True, exist_ok=True)
-        (out / "paper.json").write_text(json.dumps(_clean({"summary": summary, "rows": rows}), indent=1))
+        record = {**prov, "params": params, "summary": summary, "rows": rows}
+        (out / "paper.json").write_text(json.dumps(_clean(record), indent=1))
+        _save(saved, record)
         if not args.no_plots:
             from verl_laminar.sim.plots import write_all
 
             summary["plots"] = write_all(rows, summary, out, args.seed, p)
-        _emit(summary, args.json)
+        _emit({**prov, **summary}, args.json)
         return 0
     if args.sensitivity:
         from verl_laminar.sim.sensitivity import sweep
 
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        res = sweep(args.seed, p, workers=args.workers)
+        res = {**prov, "params": params, **sweep(args.seed, p, workers=args.workers)}
         res["runtime_s"] = round(time.perf_counter() - t0, 1)
         (out / "sensitivity.json").write_text(json.dumps(_clean(res), indent=1))
+        _save(saved, res)
         _emit(res, args.json)
         return 0
-    if not (args.model and args.gpus and args.system):
-        _parser().error("give --paper, --sensitivity, or all of --model, --gpus and --system")
     t0 = time.perf_counter()
     sr = best_split(args.system, args.model, args.task, args.gpus, args.seed, p, args.trainer_gpus)
-    res = sr.best.as_dict()
+    res = {**prov, **sr.best.as_dict()}
     res["splits_tried"] = {str(k): round(v, 1) for k, v in sr.tried.items()}
-    res["label"] = "SIMULATED"
     res["runtime_s"] = round(time.perf_counter() - t0, 2)
+    _save(saved, {**res, "params": params})
     _emit(res, args.json)
     return 0
 

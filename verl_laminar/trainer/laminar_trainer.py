@@ -9,6 +9,8 @@ Dataflow (verl's fit/step loop is unchanged; only hooks are overridden):
                resume: each replica pulls g when its own batch ends
             -> _compute_metrics: router events -> Ledger (one version per trajectory and group, nothing trained
                twice) -> laminar/* metrics through verl's tracker
+            -> the same events, each publication and one step record -> the run's timeline file
+               (verl_laminar.timeline, laminar.timeline.path; read by python -m verl_laminar.report)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 from verl_laminar import metrics as lm
+from verl_laminar import timeline as tl
 from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.trainer import runtime
@@ -47,6 +50,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.router = None
         self.relay_group = None
         self._replicas: list = []
+        self._timeline: tl.TimelineWriter | None = None
         self._ft = {"failures": 0, "moved": 0, "lost": 0}  # replica failover, cumulative (laminar/ft/*)
         super().__init__(config)
 
@@ -113,10 +117,23 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         for result in ray.get(self.actor_rollout_wg.update_weights(global_steps=version, mode=backend)):
             out.update(result or {})
         self.accounting.throughput.publish(version, time.monotonic())
+        if self._timeline is not None:
+            # the publish returned: version ``version`` is on the master relay, replicas may pull it from now
+            self._timeline.write([tl.Publish(version, time.time())])
+            self._timeline.flush()  # a trainer killed right after its publication (fault injection) keeps it
         return out
+
+    def _open_timeline(self, resumed: bool) -> None:
+        path = self.laminar.timeline.path or tl.default_path(str(self.config.trainer.default_local_dir))
+        # a resumed run continues the file (its run header marks the restart); a fresh one starts it anew
+        self._timeline = tl.TimelineWriter(path, append=resumed)
+        self._timeline.write([tl.RunStart(time.time(), len(self._replicas))])
+        self._timeline.flush()
+        logger.info("laminar: timeline in %s (python -m verl_laminar.report reads it)", path)
 
     def on_init_end(self) -> None:
         version = int(self.global_steps)
+        self._open_timeline(resumed=version > 0)
         self._publish(version)
         versions = ray.get(self.router.start.remote(version))
         logger.info("laminar: every replica loaded version %d: %s", version, versions)
@@ -201,9 +218,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     ledger.discard(f"{group_id}_{i}", f"replica {f['replica_id']} died")
             logger.error("laminar: replica %d died (%s); groups moved %s, lost %s", f["replica_id"], f["error"],
                          f["moved"], f["lost"])
-        for replica_id, version, t in events["versions"]:
+        for replica_id, version, t, *_ in events["versions"]:
             self.accounting.replicas.record(replica_id, version, t)
             logger.info("laminar: replica %d loaded version %d", replica_id, version)
+        if self._timeline is not None:
+            self._timeline.write(tl.records_from_events(events))
         return ray.get(self.router.snapshot.remote())
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -225,6 +244,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
+        if self._timeline is not None:
+            self._timeline.write([tl.Step(int(global_steps), time.time(), out[lm.TRAINER_WAIT], out[lm.ROLLOUT_WAIT],
+                                          tuple(sorted(r.staleness for r in trained)))])
+            self._timeline.flush()  # a crashed run keeps every step it finished
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,
                     sorted(r.staleness for r in trained), snap_router["versions"],
                     self.replay_buffer.checked_trajectories)
@@ -237,6 +260,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
     def _laminar_shutdown(self) -> None:
         self.replay_buffer.experience.close()
+        if self._timeline is not None:
+            self._timeline.close()
+            self._timeline = None
         logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
                     self.accounting.ledger.counts())
         if self.router is not None:

@@ -1,0 +1,100 @@
+"""The benchmark's workloads, its result (ratios, generation share, placement) and the demo's screen, on
+summaries shaped like e2e_report's (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_laminar import demo
+from verl_laminar.bench import e2e
+from verl_laminar.bench import workloads as wl
+from verl_laminar.bench.e2e_report import RunRecord, summarise
+from verl_laminar.bench.provenance import missing, provenance
+
+
+def _run(name, step_s, gen_s, tokens=2000, steps=5, extra=None):
+    rec = RunRecord(name)
+    for k in range(1, steps + 1):
+        metrics = {"timing_s/step": step_s, "timing_s/gen": gen_s, "perf/total_num_tokens": tokens,
+                   **(extra or {})}
+        rec.steps[k], rec.seen_s[k] = metrics, 100.0 + k * step_s
+    rec.exit_code = 0
+    return summarise(rec)
+
+
+def test_paper_workload_is_long_tailed_like_the_paper_and_short_keeps_the_first_shape():
+    paper, short = wl.length_profile(wl.workload("paper")), wl.length_profile(wl.workload("short"))
+    for prof in (paper, short):
+        assert 9.0 <= prof["p99_over_p50"] <= 11.0  # the paper: p99 about 10x the median
+    # a step waits for its longest trajectory: several times the median in both, longer in absolute terms in paper
+    assert paper["step_max_p50"] > 4 * paper["p50"] and paper["step_max_p50"] > short["step_max_p50"]
+    assert wl.workload("short").batch == 8 and wl.workload("short").resp == 256
+    env = wl.workload("paper").env()
+    assert env["SKEW"] == "1" and env["SKEW_LOOP"] == "laminar_skewed_paper"
+
+
+def test_unknown_workload_or_loop_is_an_error_naming_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="paper"):
+        wl.workload("huge")
+    with pytest.raises(ValueError, match="laminar_skewed"):
+        wl.loop_parameters("nope")
+    with pytest.raises(ValueError, match="--batch"):
+        wl.workload("paper", batch=0)
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--workload", "huge"])
+
+
+def test_default_modes_are_every_baseline_and_overrides_reach_the_recipe(tmp_path):
+    args = e2e.parse_args(["--out", str(tmp_path), "--batch", "2"])
+    assert args.mode_list == ["sync", "sync_bypass", "separate_async", "laminar"]
+    _, env = e2e.mode_command("separate_async", args)
+    assert env["BATCH"] == "2" and env["SKEW_LOOP"] == "laminar_skewed_paper" and env["REPLICAS"] == "2"
+    assert e2e.placement("sync", args) == {"trainer_ranks": 2, "rollout_replicas": 2, "colocated": True}
+    assert e2e.placement("laminar", args)["trainer_ranks"] == 2
+
+
+def test_result_has_every_ratio_the_generation_share_and_its_provenance(tmp_path):
+    args = e2e.parse_args(["--out", str(tmp_path)])
+    summaries = {"sync": _run("sync", 20.0, 12.0), "sync_bypass": _run("sync_bypass", 16.0, 12.0),
+                 "separate_async": _run("separate_async", 14.0, 4.0),
+                 "laminar": _run("laminar", 10.0, 0.5, extra={"laminar/invariant/checked_trajectories": 64,
+                                                               "laminar/staleness/hist_0": 10})}
+    record = provenance([], "verl_laminar.bench.e2e")
+    result = e2e.build_result(args, summaries, record)
+    assert missing(result) == []
+    assert result["speedup"] == pytest.approx(2.0)
+    assert result["speedup_vs_sync_bypass"] == pytest.approx(1.6)
+    assert result["speedup_vs_separate_async"] == pytest.approx(1.4)
+    assert result["generation_share"]["sync_bypass"] == pytest.approx(0.75)
+    assert result["checked_trajectories"] == 64 and result["mixed_version_trajectories"] == 0
+    assert result["runs"]["laminar"]["placement"]["rollout_replicas"] == 2
+    assert result["workload"]["lengths"]["p99_over_p50"] > 9
+    assert e2e.result_name(args, record).startswith("bench_e2e_paper_20")
+
+    lines = demo.summary_lines(result, [Path("x/timeline_laminar.png")], Path("runs/demo"))
+    text = "\n".join(lines)
+    assert "Laminar / sync: 2.00x" in text and "Laminar / sync_bypass: 1.60x" in text
+    assert "mixed: 0" in text and "x/timeline_laminar.png" in text and "runs/demo/sync.log" in text
+    assert len(lines) < 40  # one screen
+
+
+def test_demo_estimate_uses_measured_steps_then_the_first_modes_duration():
+    t = [0.0]
+    eta = demo.Eta(["sync", "laminar"], steps=4, clock=lambda: t[0])
+    eta.start("sync")
+    t[0] = 100.0
+    eta.step("sync", 1, 100.0)
+    t[0] = 110.0
+    eta.step("sync", 2, 110.0)
+    # 10 s per step, 2 steps left, then laminar guessed from the start-up guess
+    assert eta.remaining_s("sync") == pytest.approx(20.0 + demo.STARTUP_GUESS_S + 40.0)
+    t[0] = 130.0
+    eta.end("sync")
+    eta.start("laminar")
+    assert eta.remaining_s("laminar") > 0
+    t[0] = 200.0
+    eta.step("laminar", 1, 70.0)
+    eta.step("laminar", 2, 80.0)
+    assert eta.remaining_s("laminar") == pytest.approx(20.0)
