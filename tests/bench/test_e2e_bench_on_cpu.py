@@ -52,7 +52,7 @@ def test_default_modes_are_every_baseline_and_overrides_reach_the_recipe(tmp_pat
     _, env = e2e.mode_command("separate_async", args)
     assert env["BATCH"] == "2" and env["SKEW_LOOP"] == "laminar_skewed_paper" and env["REPLICAS"] == "2"
     assert e2e.placement("sync", args) == {"trainer_ranks": 2, "rollout_replicas": 2, "colocated": True}
-    assert e2e.placement("laminar", args)["trainer_ranks"] == 2
+    assert e2e.placement("laminar", args)["trainer_ranks"] == 1
 
 
 def test_result_has_every_ratio_the_generation_share_and_its_provenance(tmp_path):

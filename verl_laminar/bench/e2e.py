@@ -219,7 +219,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, run in order: {', '.join(MODES)}")
     ap.add_argument("--replicas", type=int, default=2,
                     help="Laminar's and separate_async's standalone rollout replicas (each ~3 GB of host memory)")
-    ap.add_argument("--trainer-ranks", type=int, default=2,
+    ap.add_argument("--trainer-ranks", type=int, default=1,
                     help="Laminar's and separate_async's trainer FSDP ranks (the sync modes use --sync-ranks)")
     ap.add_argument("--sync-ranks", type=int, default=2,
                     help="sync modes' colocated FSDP ranks = their rollout replicas")

@@ -42,8 +42,9 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "paper": Workload("paper", batch=4, group=4, resp=1024, micro=8, loop="laminar_skewed_paper",
-                      about="generation-dominated: a long tail (median 64, p99 640, cap 1024 tokens)"),
+    "paper": Workload("paper", batch=2, group=4, resp=1900, micro=4, loop="laminar_skewed_paper",
+                      about="generation-dominated: a long tail (median 192, p99 ~1900 tokens) over 8 trajectories "
+                            "a step"),
     "short": Workload("short", batch=8, group=4, resp=256, micro=8, loop="laminar_skewed",
                       about="update-dominated: a short tail over many trajectories (median 24, p99 240)"),
 }
