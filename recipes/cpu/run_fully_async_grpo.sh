@@ -13,6 +13,12 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_fully_async}
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 if [ "$ENTRY" = verl.trainer.main_ppo ]; then ENTRY=verl.experimental.fully_async_policy.fully_async_main; fi
+# fully_async_policy streams prompts one at a time and asserts data.train_batch_size == 0; its trainer steps
+# every ppo_mini_batch_size prompts (BATCH, as in the other recipes)
+FA_WORKLOAD=()
+for kv in "${WORKLOAD[@]}"; do
+  case "$kv" in data.train_batch_size=*) FA_WORKLOAD+=(data.train_batch_size=0) ;; *) FA_WORKLOAD+=("$kv") ;; esac
+done
 
 exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.hybrid_engine=False \
@@ -28,5 +34,5 @@ exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=fully_async_grpo \
-  "${WORKLOAD[@]}" \
+  "${FA_WORKLOAD[@]}" \
   "$@"

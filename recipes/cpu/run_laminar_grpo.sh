@@ -10,6 +10,10 @@
 # Resources: TRAINER_RANKS (default 1) FSDP ranks for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
+# Prompt batches kept ahead of the trainer: the minimum (docs/trainer_design.md §8) is 2 here. Under a long tail
+# a replica holds its group for several steps while new prompts arrive only when a step ends, so the others
+# idle (a replica idled 15 s at a time in the benchmark's timeline); bench.e2e passes WARMUP=3.
+WARMUP=${WARMUP:-2}
 TRAINER_RANKS=${TRAINER_RANKS:-1}  # FSDP ranks of the trainer (logical Ray GPUs; on CPU they share the cores)
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_laminar}
 # shellcheck source=common.sh
@@ -23,5 +27,6 @@ exec "$PY" -m "$ENTRY" \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=laminar_grpo \
   laminar.repack.interval_s="${REPACK_INTERVAL:-1.0}" \
+  trainer.v1.laminar.num_warmup_batches="$WARMUP" \
   "${WORKLOAD[@]}" \
   "$@"

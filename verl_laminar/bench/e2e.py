@@ -49,6 +49,9 @@ BYPASS = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_co
 FULLY_ASYNC = ("not run: verl 0.9.1's fully_async_policy has its own entry point (verl.experimental."
                "fully_async_policy.fully_async_main) and config, outside main_ppo and the verl.plugins seam the CPU "
                "platform uses; see the closing note of the benchmark issue for what was tried")
+# Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches): one more than the
+# minimum, which let a replica idle for 15 s at a time under the long tail (docs/trainer_design.md §8)
+LAMINAR_WARMUP = 3
 # Called with (mode, event, detail) as a run progresses: "start", "step" (step number, seconds since launch), "end".
 Progress = Callable[[str, str, dict], None]
 
@@ -56,7 +59,10 @@ Progress = Callable[[str, str, dict], None]
 def placement(mode: str, args: argparse.Namespace) -> dict:
     if mode in ("sync", "sync_bypass"):
         return {"trainer_ranks": args.sync_ranks, "rollout_replicas": args.sync_ranks, "colocated": True}
-    return {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False}
+    out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False}
+    if mode == "laminar":
+        out["num_warmup_batches"] = LAMINAR_WARMUP
+    return out
 
 
 def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -68,6 +74,8 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
         return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else [])], env
     if mode in ("laminar", "separate_async"):
         env["REPLICAS"], env["TRAINER_RANKS"] = str(args.replicas), str(args.trainer_ranks)
+        if mode == "laminar":
+            env["WARMUP"] = str(LAMINAR_WARMUP)
         return ["bash", str(RECIPES / f"run_{mode}_grpo.sh")], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 

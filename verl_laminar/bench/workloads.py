@@ -31,7 +31,8 @@ class Workload:
     batch: int  # prompts per step (data.train_batch_size = ppo_mini_batch_size: one update per step)
     group: int  # responses per prompt (GRPO group, rollout.n)
     resp: int  # max response tokens: the length distribution's cap
-    micro: int  # micro-batch per rank for the update (fewer, larger micro-batches: less per-call overhead)
+    micro: int  # micro-batch per rank (larger: less per-call overhead; each holds micro x length x 151,680 fp32
+    #   logits, so the long-tailed workload takes 2: 4 ran the colocated sync run out of 24 GiB)
     loop: str  # agent loop (recipes/cpu/skewed_agent_loop.yaml entry) that fixes each response's length
     about: str
 
@@ -42,7 +43,7 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "paper": Workload("paper", batch=2, group=4, resp=1900, micro=4, loop="laminar_skewed_paper",
+    "paper": Workload("paper", batch=2, group=4, resp=1900, micro=2, loop="laminar_skewed_paper",
                       about="generation-dominated: a long tail (median 192, p99 ~1900 tokens) over 8 trajectories "
                             "a step"),
     "short": Workload("short", batch=8, group=4, resp=256, micro=8, loop="laminar_skewed",
