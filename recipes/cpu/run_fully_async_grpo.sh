@@ -14,7 +14,10 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_fully_async}
 source "$(dirname "$0")/common.sh"
 if [ "$ENTRY" = verl.trainer.main_ppo ]; then ENTRY=verl.experimental.fully_async_policy.fully_async_main; fi
 # fully_async_policy streams prompts one at a time and asserts data.train_batch_size == 0; its trainer steps
-# every ppo_mini_batch_size prompts (BATCH, as in the other recipes)
+# every ppo_mini_batch_size prompts (BATCH, as in the other recipes). Its rollout pool is the top-level rollout.*
+# block; actor_rollout_ref.rollout.{nnodes,n_gpus_per_node} say the same so that the CPU platform sizes Ray's
+# logical GPUs for it (without them the rollouter's placement group waited forever for GPUs Ray did not have).
+# Its rollouter actor asks for 10 logical CPUs, more than the CPU platform's default 16 leave free: 32.
 FA_WORKLOAD=()
 for kv in "${WORKLOAD[@]}"; do
   case "$kv" in data.train_batch_size=*) FA_WORKLOAD+=(data.train_batch_size=0) ;; *) FA_WORKLOAD+=("$kv") ;; esac
@@ -23,6 +26,8 @@ done
 exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.hybrid_engine=False \
   rollout.nnodes=1 \
+  actor_rollout_ref.rollout.nnodes=1 \
+  actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
   rollout.n_gpus_per_node="$REPLICAS" \
   rollout.n="$GROUP" \
   rollout.total_rollout_steps=$((STEPS * BATCH)) \
@@ -34,5 +39,6 @@ exec "$PY" -m "$ENTRY" \
   actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=fully_async_grpo \
+  ray_kwargs.ray_init.num_cpus=32 \
   "${FA_WORKLOAD[@]}" \
   "$@"

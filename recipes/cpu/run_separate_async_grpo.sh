@@ -6,7 +6,8 @@
 #   REPLICAS=4 SKEW=1 bash recipes/cpu/run_separate_async_grpo.sh
 #
 # Weights go through the relay checkpoint engine (verl's naive engine is refused by separate_async, and the
-# nccl/hccl engines need an accelerator).
+# nccl/hccl engines need an accelerator); trainer.v1.trainer_mode=separate_async_relays is verl's separate_async
+# trainer unchanged, with the relay group started for it (verl_laminar/trainer/baselines.py).
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
 TRAINER_RANKS=${TRAINER_RANKS:-1}  # FSDP ranks of the trainer (logical Ray GPUs; on CPU they share the cores)
@@ -16,7 +17,8 @@ OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/runs/cpu_separate_async}
 source "$(dirname "$0")/common.sh"
 
 exec "$PY" -m "$ENTRY" \
-  trainer.v1.trainer_mode=separate_async \
+  trainer.v1.trainer_mode=separate_async_relays \
+  +trainer.v1.separate_async_relays='${trainer.v1.separate_async}' \
   trainer.v1.separate_async.parameter_sync_step="$SYNC_STEP" \
   actor_rollout_ref.hybrid_engine=False \
   actor_rollout_ref.rollout.nnodes=1 \

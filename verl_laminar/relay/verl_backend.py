@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Generator, Iterable, Optional, Union
 
 import torch
@@ -268,6 +269,8 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         try:
             if handle is None:
                 raise RayActorError()
+            if version is not None:
+                self._wait_committed(handle, rid, int(version))
             desc = self._call(handle.describe.remote(version))
             return StoreReader(os.path.dirname(desc["path"])).open(desc["version"])
         except RayActorError:
@@ -277,6 +280,26 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             return m, view
         except ray.exceptions.RayTaskError as e:
             raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e
+
+    def _wait_committed(self, handle: Any, rid: str, version: int, poll_s: float = 0.05) -> None:
+        """verl's own weight sync (separate_async) starts the rollouts' receive together with the trainer's send,
+        so the version may still be arriving down the chain: wait until the relay committed it. The wait fails
+        only after ``timeout_s`` with no chunk of it arriving (a large version takes long, a stalled one stops).
+        Laminar's router waits before it loads, so there this returns at once."""
+        seen, last = None, time.monotonic()
+        while True:
+            newest = self._call(handle.newest.remote())
+            if newest is not None and newest >= version:
+                return
+            progress = self._call(handle.progress.remote()) or {}
+            mark = tuple(sorted((int(v), int(n)) for v, n in progress.items() if int(v) >= version))
+            now = time.monotonic()
+            if mark != seen:
+                seen, last = mark, now
+            if now - last > self.timeout_s:
+                raise VersionGoneError(f"version {version} was not committed on relay {rid}: no chunk of it arrived "
+                                       f"for {self.timeout_s:.0f} s (newest {newest}, in flight {dict(mark)})")
+            time.sleep(poll_s)
 
     def receive_weights(self, global_steps: Optional[int] = None) -> Generator[tuple[str, torch.Tensor], None, None]:
         """Zero-copy host tensors of the version, except those verl's sender needs on the device."""

@@ -3,8 +3,10 @@
 Selected with ``actor_rollout_ref.rollout.agent.default_agent_loop=laminar_skewed`` and
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path=recipes/cpu/skewed_agent_loop.yaml`` (identically in
 the sync baseline and under ``+laminar=enabled``). Each response of prompt ``index`` gets exactly
-``SkewedLengths.length(index, session_id)`` tokens: ``min_tokens == max_tokens`` keeps vLLM from stopping at
+``SkewedLengths.length(index, session_id)`` tokens: ``max_tokens`` with ``ignore_eos`` keeps vLLM from stopping at
 end-of-turn, so generation cost follows the long-tailed distribution and not the tiny model's short answers.
+Not ``min_tokens == max_tokens``: verl's client resumes an aborted request (separate_async's global weight sync)
+with ``max_tokens`` reduced by what was generated but the same ``min_tokens``, which vLLM then rejects.
 The reward reads only the first answer line (``verl_laminar.reward.first_answer``).
 """
 
@@ -33,4 +35,4 @@ class SkewedLengthAgentLoop(SingleTurnAgentLoop):
             raise KeyError("laminar_skewed needs the row's 'index' (extra_info.index) and verl's 'session_id' to "
                            f"key the length; got keys {sorted(kwargs)}")
         n = self.lengths.length(int(kwargs["index"]), int(kwargs["session_id"]))
-        return await super().run(dict(sampling_params, max_tokens=n, min_tokens=n), **kwargs)
+        return await super().run(dict(sampling_params, max_tokens=n, ignore_eos=True), **kwargs)
