@@ -27,6 +27,6 @@ exec "$PY" -m "$ENTRY" \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=laminar_grpo \
   laminar.repack.interval_s="${REPACK_INTERVAL:-1.0}" \
-  trainer.v1.laminar.num_warmup_batches="$WARMUP" \
+  ++trainer.v1.laminar.num_warmup_batches="$WARMUP" \
   "${WORKLOAD[@]}" \
   "$@"

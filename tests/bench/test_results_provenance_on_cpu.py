@@ -19,10 +19,9 @@ from verl_laminar.bench import provenance
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"
 
-# Result files written before provenance.py existed, kept here until they are rerun: the end-to-end benchmark
-# (``python -m verl_laminar.bench.e2e``) and ``make demo``. To be emptied once those reruns land. Any other file
+# Result files allowed to lack provenance: none (the end-to-end benchmark and the demo were rerun with it). A file
 # without provenance goes to docs/results/unprovenanced/, and the README quotes no number from it.
-EXEMPT_UNTIL_RERUN = ("bench_e2e_*.json", "demo_*.json")
+EXEMPT_UNTIL_RERUN: tuple[str, ...] = ()
 
 CITED = re.compile(r"docs/results/[\w./-]+?\.json")
 
