@@ -103,7 +103,7 @@ def summary_lines(result: dict, pictures: list[Path], out: Path) -> list[str]:
         lines.append("Staleness (trajectories trained k versions after they were generated): "
                      + ", ".join(f"{k}: {v}" for k, v in hist.items()))
     if result.get("checked_trajectories") is not None:
-        lines.append(f"Trajectories checked for one weight version: {result['checked_trajectories']}, mixed: "
+        lines.append(f"Trajectories checked for one weight version: {int(result['checked_trajectories'])}, mixed: "
                      f"{result.get('mixed_version_trajectories')}")
     lines.append("")
     lines.extend(f"picture: {p}" for p in pictures)
@@ -157,7 +157,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             status = "done" if d["exit_code"] == 0 else f"FAILED (exit {d['exit_code']}; see {d['log']})"
             con.info("[%s] %-8s %s", now, mode, status)
 
-    result, pictures = e2e.run(args, progress, bench_argv, module="verl_laminar.demo")
+    # the provenance records the command as typed (the demo's own arguments), not the benchmark's expansion of it
+    typed = sys.argv[1:] if argv is None else argv
+    result, pictures = e2e.run(args, progress, typed, module="verl_laminar.demo")
     con.info("")
     for line in summary_lines(result, pictures, out):
         con.info("%s", line)
