@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from verl_laminar import metrics as lm
 from verl_laminar.bench import e2e
 
 logger = logging.getLogger("verl_laminar.demo")
@@ -85,7 +86,7 @@ def summary_lines(result: dict, pictures: list[Path], out: Path) -> list[str]:
     for mode, run in result["runs"].items():
         per = run.get("mean_per_step_s", {})
         cells = "".join(f"{per[key]:>13.2f}" if key in per else f"{'-':>13}" for _, key in BREAKDOWN)
-        wait = per.get("laminar/trainer/wait_for_data_s")
+        wait = per.get(lm.TRAINER_WAIT)
         share = run.get("generation_share")
         tps = run.get("tokens_per_s")
         lines.append(f"{mode:<16}{(f'{tps:.1f}' if tps else 'failed'):>9}"
