@@ -6,6 +6,7 @@ import pytest
 from verl_laminar.policy.chain import chain_time, t_model
 from verl_laminar.policy.timeouts import (
     RefreshSettings,
+    arrival_mark,
     TimeoutPolicyError,
     broadcast_time_s,
     chunk_count,
@@ -103,3 +104,13 @@ def test_settings_from_the_typed_config():
     assert (s.link_gbps, s.wait_factor, s.min_wait_s, s.retries) == (25.0, 4.0, 60.0, 1)
     d = RefreshSettings.from_laminar(LaminarConfig())
     assert d == RefreshSettings()  # the YAML defaults and the policy defaults agree
+
+
+@pytest.mark.parametrize("progress, version, mark", [
+    ({}, 3, ()),
+    (None, 3, ()),
+    ({2: 5, 3: 1}, 3, ((3, 1),)),            # an older version's chunks do not keep a wait for 3 alive
+    ({"4": "2", 3: 7}, 3, ((3, 7), (4, 2))),  # Ray may hand the keys back as strings; a newer version counts
+])
+def test_arrival_mark_is_what_of_the_version_or_newer_is_in_flight(progress, version, mark):
+    assert arrival_mark(progress, version) == mark

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 from verl_laminar.bench import workloads as wl
 from verl_laminar.bench.e2e_report import RunRecord, compare, summarise
-from verl_laminar.bench.provenance import provenance
+from verl_laminar.bench.provenance import claim_result_path, provenance
 
 logger = logging.getLogger("verl_laminar.bench.e2e")
 REPO = Path(__file__).resolve().parents[2]
@@ -219,8 +219,12 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict], record: d
     return result
 
 
+def result_stem(args: argparse.Namespace) -> str:
+    return f"{args.name}_{args.workload.name}"
+
+
 def result_name(args: argparse.Namespace, record: dict) -> str:
-    return f"{args.name}_{args.workload.name}_{record['date'][:10]}"
+    return f"{result_stem(args)}_{record['date'][:10]}"
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -268,9 +272,7 @@ def run(args: argparse.Namespace, progress: Optional[Progress] = None,
     record = provenance(argv, module)  # before the first run: the load average it started under
     results_path = None
     if args.results:
-        results_path = Path(args.results) / f"{result_name(args, record)}.json"
-        if results_path.exists():
-            raise FileExistsError(f"{results_path} exists; move it away or pass --name")
+        results_path = claim_result_path(args.results, result_stem(args), record)
     summaries = {}
     for mode in args.mode_list:
         summaries[mode] = summarise(run_mode(mode, args, progress))

@@ -125,6 +125,26 @@ def compare(baseline: dict, candidate: dict) -> Optional[float]:
     return b / a if a and b else None
 
 
+# the benchmark's arrival-time prefix, ``[   12.34] `` (bench.e2e.run_mode writes it before every console line)
+ARRIVAL = re.compile(r"^\[\s*([0-9.]+)\] ")
+
+
+def read_log(path: str, name: str) -> tuple[RunRecord, bool]:
+    """A saved console log's step lines; the bool says whether the lines carry the benchmark's arrival times (a
+    plain verl log gives only the metrics, every line at time 0)."""
+    record, stamped, lines = RunRecord(name), 0, 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            lines += 1
+            m = ARRIVAL.match(line)
+            if m:
+                stamped += 1
+                record.feed(line[m.end():], float(m.group(1)))
+            else:
+                record.feed(line, 0.0)
+    return record, lines > 0 and stamped * 2 > lines
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m verl_laminar.bench.e2e_report LOG [--name N]``: the summary of one saved console log
     (for example a long run's reward curve: ``score_mean`` per step)."""
@@ -135,12 +155,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("log")
     ap.add_argument("--name", default="run")
     args = ap.parse_args(argv)
-    stamp = re.compile(r"^\[\s*([0-9.]+)\] ")
-    run = RunRecord(args.name)
-    with open(args.log, errors="replace") as f:
-        for line in f:
-            m = stamp.match(line)  # bench logs carry arrival times; a plain log gives only the metrics
-            run.feed(line, float(m.group(1)) if m else 0.0)
+    run, _ = read_log(args.log, args.name)
     print(json.dumps(summarise(run), indent=2))
     return 0
 

@@ -81,6 +81,16 @@ def provenance(argv: Optional[Sequence[str]] = None, module: Optional[str] = Non
     }
 
 
+def claim_result_path(results_dir: str, stem: str, record: dict) -> Path:
+    """``<results_dir>/<stem>_<date>.json`` for a run that starts now; raises ``FileExistsError`` if a result of
+    that name exists (a result is never overwritten), and creates the folder now, not after a long run."""
+    path = Path(results_dir) / f"{stem}_{record['date'][:10]}.json"
+    if path.exists():
+        raise FileExistsError(f"{path} exists: pass another name (--results-name / --name) to keep both")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def missing(record: dict) -> list[str]:
     """The provenance keys a result JSON lacks (the test of ``docs/results/`` uses this)."""
     return [k for k in KEYS if not record.get(k)]

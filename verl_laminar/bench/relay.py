@@ -27,10 +27,9 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Optional
 
-from verl_laminar.bench.provenance import provenance
+from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
 from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
 from verl_laminar.relay.publish import Publisher
@@ -262,11 +261,11 @@ def main(argv=None) -> int:
     saved = None
     if a.results:
         stem = a.results_name or ("bench_relay_sweep" if a.sweep else f"bench_relay_p{a.relays}")
-        saved = Path(a.results) / f"{stem}_{prov['date'][:10]}.json"
-        if saved.exists():
-            print(f"relay bench: {saved} exists: pass --results-name to keep both", file=sys.stderr)
+        try:
+            saved = claim_result_path(a.results, stem, prov)
+        except FileExistsError as e:
+            print(f"relay bench: {e}", file=sys.stderr)
             return 2
-        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
 
     def _term(*_):
         raise _Terminated()

@@ -34,11 +34,10 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from verl_laminar import metrics as lm
-from verl_laminar.bench.provenance import provenance
+from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.policy.dispatch import (
     DispatchConfig,
     apply_plan,
@@ -478,11 +477,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     saved = None
     if args.results:
         stem = args.results_name or ("bench_pool_overhead" if args.pool_overhead else "bench_repack")
-        saved = Path(args.results) / f"{stem}_{prov['date'][:10]}.json"
-        if saved.exists():
-            logger.error("%s exists: pass --results-name to keep both", saved)
+        try:
+            saved = claim_result_path(args.results, stem, prov)
+        except FileExistsError as e:
+            logger.error("%s", e)
             return 2
-        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
     from verl_laminar.watchdog import bounded
     import ray
 

@@ -31,10 +31,9 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Optional
 
-from verl_laminar.bench.provenance import provenance
+from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.chaos.plan import parse_counts, schedule, throughput_report
 from verl_laminar.ft import faults
 
@@ -271,11 +270,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     prov = provenance(argv, "verl_laminar.chaos")  # before the run: the load it started under
     saved = None
     if args.results:
-        saved = Path(args.results) / f"{args.results_name}_{prov['date'][:10]}.json"
-        if saved.exists():
-            logger.error("%s exists: pass --results-name to keep both", saved)
+        try:
+            saved = claim_result_path(args.results, args.results_name, prov)
+        except FileExistsError as e:
+            logger.error("%s", e)
             return 2
-        saved.parent.mkdir(parents=True, exist_ok=True)  # now, not after the run
     import ray
 
     from verl_laminar.watchdog import bounded

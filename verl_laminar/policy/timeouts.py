@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Mapping, TYPE_CHECKING, Optional
 
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, chain_time, t_model
 
@@ -123,3 +123,9 @@ def refresh_deadlines(version_bytes: Optional[float], relays: int, settings: Ref
     wait = max(settings.min_wait_s, settings.wait_factor * t)
     load = settings.min_wait_s + settings.wait_factor * load_time_s(version_bytes, settings.load_gbytes_s)
     return RefreshDeadlines(wait, load, settings.retries)
+
+
+def arrival_mark(progress: Mapping[int, int], version: int) -> tuple:
+    """What of ``version`` (or newer) a relay holds in flight, from its ``progress()`` (version -> chunks
+    received): a wait for a version stays alive while this changes, since the chain is still delivering."""
+    return tuple(sorted((int(v), int(n)) for v, n in (progress or {}).items() if int(v) >= version))

@@ -30,6 +30,7 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from verl_laminar.policy.timeouts import arrival_mark
 from verl_laminar.relay.client import pull
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
@@ -291,8 +292,7 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             newest = self._call(handle.newest.remote())
             if newest is not None and newest >= version:
                 return
-            progress = self._call(handle.progress.remote()) or {}
-            mark = tuple(sorted((int(v), int(n)) for v, n in progress.items() if int(v) >= version))
+            mark = arrival_mark(self._call(handle.progress.remote()), version)
             now = time.monotonic()
             if mark != seen:
                 seen, last = mark, now

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from verl_laminar import timeline as tl
-from verl_laminar.bench.e2e_report import RunRecord
+from verl_laminar.bench.e2e_report import RunRecord, read_log
 
 logger = logging.getLogger(__name__)
 
-# the benchmark's arrival-time prefix (bench.e2e.run_mode writes it, e2e_report.main reads it the same way)
-_STAMP = re.compile(r"^\[\s*([0-9.]+)\] ")
 RESULT_NAME = "result.json"
 
 
@@ -55,20 +52,6 @@ class RunInputs:
     def mode_names(self) -> list[str]:
         return [m.name for m in self.modes]
 
-
-def read_log(path: Path, name: str) -> tuple[RunRecord, bool]:
-    """The run's step lines; ``stamped``: the lines carry the benchmark's arrival times."""
-    record, stamped, lines = RunRecord(name), 0, 0
-    with open(path, errors="replace") as f:
-        for line in f:
-            lines += 1
-            m = _STAMP.match(line)
-            if m:
-                stamped += 1
-                record.feed(line[m.end():], float(m.group(1)))
-            else:
-                record.feed(line, 0.0)
-    return record, lines > 0 and stamped * 2 > lines
 
 
 def _find_logs(run_dir: Path) -> list[Path]:

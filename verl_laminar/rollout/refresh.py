@@ -30,7 +30,7 @@ from verl_laminar.policy.dispatch import (
     apply_plan,
     complete_refresh,
 )
-from verl_laminar.policy.timeouts import RefreshDeadlines, chunk_count, refresh_deadlines
+from verl_laminar.policy.timeouts import RefreshDeadlines, arrival_mark, chunk_count, refresh_deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class ReplicaRefresh:
 
     async def _arrival(self, relay: Any, version: int) -> tuple:
         """What of ``version`` (or newer) the relay holds in flight; a change means the chain still delivers."""
-        progress = await relay.progress.remote() or {}
-        return tuple(sorted((int(v), int(n)) for v, n in progress.items() if int(v) >= version))
+        return arrival_mark(await relay.progress.remote(), version)
 
     async def _wait_readable(self, replica_id: int, version: int) -> None:
         """The trainer's publish returns before the relay has committed the version. A load must not start

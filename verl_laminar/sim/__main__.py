@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from verl_laminar.bench.provenance import provenance
+from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.sim.grid import repack_reference, run_grid, summarize
 from verl_laminar.sim.params import DEFAULT_PARAMS, MODELS
 from verl_laminar.sim.search import best_split
@@ -80,7 +80,10 @@ def _results_file(args: argparse.Namespace, prov: dict) -> Optional[Path]:
         return None
     stem = args.results_name or ("sim_paper" if args.paper else "sim_sensitivity" if args.sensitivity
                                  else f"sim_{args.model}_{args.gpus}gpus_{args.system}")
-    return Path(args.results) / f"{stem}_{prov['date'][:10]}.json"
+    try:
+        return claim_result_path(args.results, stem, prov)
+    except FileExistsError as e:
+        _parser().error(str(e))
 
 
 def _save(path: Optional[Path], record: dict) -> None:
@@ -98,10 +101,6 @@ def main(argv=None) -> int:
     # simulated, so the machine only decides the runtime; recorded all the same, with the code and the command
     prov = {**provenance(argv, "verl_laminar.sim"), "label": "SIMULATED"}
     saved = _results_file(args, prov)
-    if saved is not None:
-        if saved.exists():
-            _parser().error(f"{saved} exists: pass --results-name to keep both")
-        saved.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     p = DEFAULT_PARAMS
     params = dataclasses.asdict(p)

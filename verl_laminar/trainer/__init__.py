@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 TRAINER_NAME = "laminar"
 TRAINER_MODULE = "verl_laminar.trainer.laminar_trainer"
+# registers trainer_mode=separate_async_relays, the benchmark's separate_async baseline on CPU
+BASELINES_MODULE = "verl_laminar.trainer.baselines"
 
 
 class TrainerUnavailableError(RuntimeError):
@@ -50,6 +52,7 @@ def _import_trainer(_module: object) -> None:
     else:
         try:
             importlib.import_module(TRAINER_MODULE)
+            _import_baselines()
             return
         except Exception as e:  # fault boundary (plugin registration): keep verl's own trainers importable
             logger.error("verl_laminar: importing %s failed, trainer %r is unavailable: %s: %s",
@@ -63,6 +66,17 @@ def _import_trainer(_module: object) -> None:
     except (ImportError, AttributeError, TypeError, ValueError) as e:  # an untested verl may have moved these
         logger.warning("verl_laminar: trainer %r not registered (%s); verl will report it as unknown",
                        TRAINER_NAME, e)
+
+
+def _import_baselines() -> None:
+    """The benchmark's baseline trainers; a failure only makes them unknown to verl, never the Laminar trainer."""
+    import importlib
+
+    try:
+        importlib.import_module(BASELINES_MODULE)
+    except Exception as e:  # fault boundary (plugin registration), as for the Laminar trainer above
+        logger.error("verl_laminar: importing %s failed; trainer_mode=separate_async_relays is unavailable: %s: %s",
+                     BASELINES_MODULE, type(e).__name__, e)
 
 
 def install() -> str:

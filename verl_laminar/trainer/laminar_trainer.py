@@ -270,7 +270,3 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self.relay_group is not None:
             ray.get(self.relay_group.shutdown.remote())
             self.relay_group = None
-
-
-# registers trainer.v1.trainer_mode=separate_async_relays (the benchmark's separate_async baseline on CPU)
-from verl_laminar.trainer import baselines  # noqa: E402,F401
