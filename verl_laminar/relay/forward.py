@@ -110,6 +110,7 @@ class Forwarder:
             reply = ch.recv_header()
             self._note_rebuilt(d)
             if reply.kind == Kind.ACCEPT:
+                ch.bind_peer(ch.recv_payload(reply.length) if reply.length else b"")  # one-sided: its buffer
                 t0 = time.time()
                 for i in range(manifest.num_chunks):
                     crc = inflight.wait_chunk(i, relay.io_timeout_s) if inflight else manifest.checksums[i]

@@ -29,6 +29,7 @@ from verl_laminar.relay import probe
 from verl_laminar.relay.client import serve_pull
 from verl_laminar.relay.forward import Forwarder
 from verl_laminar.relay.inflight import InFlight
+from verl_laminar.relay.interface import interface_address
 from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.store import (
     KEEP_VERSIONS,
@@ -39,7 +40,16 @@ from verl_laminar.relay.store import (
     VersionGoneError,
     default_store_root,
 )
-from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, TcpTransport, Transport, TransportError
+from verl_laminar.relay.transport import (
+    NEWEST,
+    Channel,
+    Frame,
+    Kind,
+    Transport,
+    TransportError,
+    TransportSpec,
+)
+from verl_laminar.relay.verify import ChunkVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +61,7 @@ class Relay:
         root: Optional[str] = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        transport: Optional[Transport] = None,
+        transport: Optional[Transport | TransportSpec] = None,
         io_timeout_s: float = 30.0,
         on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None,
         keep_versions: int = KEEP_VERSIONS,
@@ -60,15 +70,27 @@ class Relay:
         link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
         chunk_latency_s: float = DEFAULT_CHUNK_LATENCY_S,
         memory_error_grace_s: float = 10.0,
+        interface: Optional[str] = None,
+        verify_inline: bool = False,
+        recycle: bool = True,
     ) -> None:
+        """``interface`` (laminar.relay.interface): a NIC name (``ib0``) or an address to bind instead of ``host``.
+        ``verify_inline``: check each chunk's CRC on the receive thread before reading the next one, the receive
+        path before CRCs moved to their own thread; kept so a benchmark can measure both side by side. ``recycle``:
+        receive into an evicted version's pages (``RelayStore``); False gives every version fresh pages."""
         self.relay_id = relay_id
-        self.store = RelayStore(root or default_store_root(relay_id), keep=keep_versions)
+        self.store = RelayStore(root or default_store_root(relay_id), keep=keep_versions, recycle=recycle)
         self.chunk_mb, self.auto_chunks = chunk_mb, auto_chunks
         self.link_bytes_per_s, self.chunk_latency_s = link_bytes_per_s, chunk_latency_s
         self.memory_error_grace_s = memory_error_grace_s
         self._memory_error: Optional[tuple[float, RelayMemoryError]] = None  # (since, latest) of a receive
-        self.transport = transport or TcpTransport()
+        if transport is None or isinstance(transport, TransportSpec):
+            transport = (transport or TransportSpec()).build()
+        self.transport = transport
         self.io_timeout_s = io_timeout_s
+        self.verify_inline = verify_inline
+        if interface:
+            host = interface_address(interface)
         self._cond = threading.Condition()
         self._inflight: dict[int, InFlight] = {}
         self._timings: dict[int, dict] = {}
@@ -284,8 +306,14 @@ class Relay:
             f = InFlight(staging, self._cond, source=ch.peer)
             f.channel = ch
             self._inflight[m.version] = f
-        ch.send(Frame(Kind.ACCEPT, version=m.version))
+        verifier = None
         try:
+            if ch.one_sided:  # the peer writes into these pages directly: they must exist first (never a SIGBUS)
+                for i in range(m.num_chunks):
+                    staging.reserve(i)
+            ch.send(Frame(Kind.ACCEPT, version=m.version), ch.expose(staging.buffer))
+            # CRCs on their own thread: the next chunk's bytes arrive while this one's checksum is computed
+            verifier = None if self.verify_inline else ChunkVerifier(f, f"relay-{self.relay_id}-verify")
             for i in range(m.num_chunks):
                 fr = ch.recv_header()
                 if fr.kind != Kind.CHUNK or fr.version != m.version:
@@ -298,12 +326,20 @@ class Relay:
                     ch.recv_payload_into(view)
                 finally:
                     view.release()
-                f.mark_ready(fr.index, f.staging.verify(fr.index, fr.crc))
+                if verifier is None:
+                    f.mark_ready(fr.index, f.staging.verify(fr.index, fr.crc))
+                else:
+                    verifier.submit(fr.index, fr.crc)
             if ch.recv_header().kind != Kind.END:
                 raise TransportError(f"version {m.version} from {ch.peer} did not end with END")
+            if verifier is not None:
+                verifier.finish()  # raises the first chunk's TornTransferError
             self._commit(f)
             ch.send(Frame(Kind.END, version=m.version))
         except (TransportError, TornTransferError, RelayMemoryError, IndexError, ValueError) as e:
+            if verifier is not None:
+                verifier.stop()
+            ch.close()  # a one-sided transport stops accepting writes into the staging pages before they go
             if isinstance(e, RelayMemoryError):
                 self._memory_failure(m.version, e)
             else:
@@ -326,9 +362,9 @@ class Relay:
         if f.failed:
             self.store.abort(f.staging)
             return
-        self.store.commit(f.staging)
-        now = time.time()
-        with self._cond:
+        with self._cond:  # one step for waiters: a version they see readable has its memory error cleared
+            self.store.commit(f.staging)
+            now = time.time()
             self._memory_error = None  # a version fitted again
             if self._inflight.get(f.version) is f:
                 del self._inflight[f.version]

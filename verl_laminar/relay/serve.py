@@ -21,7 +21,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any, Optional, Sequence
 
 from verl_laminar.relay.relay import Relay
-from verl_laminar.relay.transport import TcpTransport
+from verl_laminar.relay.transport import TRANSPORTS, TransportSpec
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--control", required=True, help="Unix socket path for control calls")
     ap.add_argument("--rate-bytes-per-s", type=float, default=None, help="pace sends (tests without tc)")
     ap.add_argument("--io-timeout-s", type=float, default=30.0)
+    ap.add_argument("--transport", choices=TRANSPORTS, default="tcp", help="laminar.relay.transport")
+    ap.add_argument("--protocol", choices=("tcp", "rdma"), default="tcp", help="laminar.relay.protocol (mooncake)")
+    ap.add_argument("--device", default=None, help="laminar.relay.device: Mooncake's NIC filter (rdma)")
+    ap.add_argument("--buffer-bytes", type=int, default=0, help="tcp socket buffers; 0: the kernel's autotuning")
+    ap.add_argument("--verify-inline", action="store_true",
+                    help="check each chunk's CRC on the receive thread (the earlier receive path; benchmarks)")
+    ap.add_argument("--no-recycle", action="store_true",
+                    help="fresh pages for every version instead of an evicted version's (benchmarks)")
     ap.add_argument("--sched", choices=("normal", "rr"), default="normal",
                     help="rr: real-time round-robin priority 1. A relay uses little CPU but every chunk waits for "
                          "it to wake; on a busy host normal scheduling delays each wake-up by a time slice")
@@ -121,8 +129,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.sched == "rr":
         set_realtime()
     authkey = bytes.fromhex(os.environ[_AUTH_ENV])
-    relay = Relay(a.id, root=a.root, host=a.host, port=a.port, transport=TcpTransport(a.rate_bytes_per_s),
-                  io_timeout_s=a.io_timeout_s)
+    spec = TransportSpec(a.transport, a.protocol, a.device, a.rate_bytes_per_s, a.buffer_bytes)
+    relay = Relay(a.id, root=a.root, host=a.host, port=a.port, transport=spec, io_timeout_s=a.io_timeout_s,
+                  verify_inline=a.verify_inline, recycle=not a.no_recycle)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=_serve_control, args=(relay, a.control, authkey, stop), daemon=True).start()
@@ -136,7 +145,8 @@ class RelayProcess:
 
     def __init__(self, relay_id: str, root: str, control: str, host: str = "127.0.0.1", netns: Optional[str] = None,
                  rate_bytes_per_s: Optional[float] = None, io_timeout_s: float = 30.0,
-                 sched: str = "normal") -> None:
+                 sched: str = "normal", transport: Optional[TransportSpec] = None,
+                 verify_inline: bool = False, recycle: bool = True) -> None:
         self.relay_id, self.root, self.control, self.netns = relay_id, root, control, netns
         self._authkey = secrets.token_bytes(16)
         cmd = [sys.executable, "-m", "verl_laminar.relay.serve", "--id", relay_id, "--root", root, "--host", host,
@@ -145,6 +155,15 @@ class RelayProcess:
             cmd += ["--rate-bytes-per-s", str(rate_bytes_per_s)]
         if sched != "normal":
             cmd += ["--sched", sched]
+        if transport is not None:
+            cmd += ["--transport", transport.kind, "--protocol", transport.protocol,
+                    "--buffer-bytes", str(transport.buffer_bytes)]
+            if transport.device:
+                cmd += ["--device", transport.device]
+        if verify_inline:
+            cmd += ["--verify-inline"]
+        if not recycle:
+            cmd += ["--no-recycle"]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         env = dict(os.environ, **{_AUTH_ENV: self._authkey.hex()})

@@ -16,6 +16,13 @@ the commit (the router waits for it anyway), a downstream relay gets the version
 Eviction unlinks files, which leaves existing mappings and open handles valid (POSIX): their pages
 stay allocated until the last one goes, a transient beyond the bound.
 
+Recycling: a receiving relay that evicts a version of the size it is about to receive reuses that file's pages
+(and its mapping) as the new staging copy instead of unlinking it and zero-filling fresh pages, which is most of
+what receiving into host memory costs. Readers hold a shared ``flock`` on a version's data file for as long as
+their mapping lives (``StoreReader.open``); the store recycles a file only when it gets the exclusive lock without
+waiting, so no mapped version's bytes are ever overwritten. A reader that finds the lock taken, or finds the path
+no longer naming the file it locked, gets ``VersionGoneError`` (the version was evicted), as before.
+
 Staging pages are reserved with ``posix_fallocate`` after a free-space check, before anything is
 written through the mapping, so a full tmpfs is a ``RelayMemoryError`` that names the fix instead of
 a SIGBUS killing the relay on a write to an unbacked page.
@@ -30,6 +37,7 @@ read-only, with no copy through Ray's object store.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -89,11 +97,27 @@ def _json_path(root: str, version: int) -> str:
     return os.path.join(root, f"v{version:012d}.json")
 
 
+def lease(fd: int, path: str) -> None:
+    """Take a reader's shared lock on the data file open at ``fd`` (``path``): while it is held the store never
+    recycles that file. Raises ``VersionGoneError`` when the store holds the file for recycling, or when ``path``
+    no longer names it (recycled meanwhile). The lock lives as long as any descriptor of this open file does,
+    so a mapping made from ``fd`` (which keeps a duplicate) holds it until the mapping is closed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except (BlockingIOError, FileNotFoundError):
+        same = False
+    if not same:
+        raise VersionGoneError(f"{path} was evicted and is being reused; read the newest version")
+
+
 def _map(path: str, size: int, writable: bool) -> mmap.mmap | bytes:
     if size == 0:
         return b""
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
+        if not writable:
+            lease(fd, path)
         return mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     finally:
         os.close(fd)
@@ -131,12 +155,18 @@ class Staging:
     """
 
     def __init__(self, root: str, manifest: VersionManifest, spare: Optional[str] = None, reserve: bool = True,
-                 keep: int = KEEP_VERSIONS) -> None:
+                 keep: int = KEEP_VERSIONS, recycled: Optional["_Warm"] = None) -> None:
         self.manifest = manifest
         self.root, self._keep = root, keep
         self.path = os.path.join(root, f"staging-{manifest.version:012d}-{uuid.uuid4().hex[:8]}.data")
         size = manifest.total_bytes
-        if spare is not None:  # pre-allocated pages: writing into them costs no page faults
+        self.recycled = recycled is not None
+        self._map: mmap.mmap | bytes
+        if recycled is not None:  # an evicted version's file, exclusively locked: its pages are allocated and mapped
+            os.replace(recycled.path, self.path)
+            self._fd, self._map = recycled.fd, recycled.map
+            reserved = True
+        elif spare is not None:  # pre-allocated pages: writing into them costs no page faults
             os.replace(spare, self.path)
             self._fd = os.open(self.path, os.O_RDWR)
             if os.fstat(self._fd).st_size != size:
@@ -153,7 +183,8 @@ class Staging:
                 os.unlink(self.path)
                 raise
             reserved = reserve
-        self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE) if size else b""
+        if recycled is None:
+            self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE) if size else b""
         self.buffer = memoryview(self._map) if size else memoryview(bytearray(0))
         n = manifest.num_chunks
         self._reserved = [reserved] * n
@@ -190,6 +221,18 @@ class Staging:
     def complete(self) -> bool:
         return all(self.verified)
 
+    def detach(self) -> Optional["_Warm"]:
+        """Hand this staging's descriptor and mapping over (to stay warm for recycling) instead of closing them."""
+        if not isinstance(self._map, mmap.mmap) or self._fd < 0:
+            self.close()
+            return None
+        self.buffer.release()
+        if self.recycled:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # readable again once committed
+        warm = _Warm(self._fd, self._map, self.path, self.manifest.total_bytes)
+        self._fd, self._map = -1, b""
+        return warm
+
     def close(self) -> None:
         self.buffer.release()
         if isinstance(self._map, mmap.mmap):
@@ -202,6 +245,31 @@ class Staging:
             self._fd = -1
 
 
+@dataclass
+class _Warm:
+    """A committed version's open descriptor and writable mapping, kept so its pages can become the next staging."""
+
+    fd: int
+    map: mmap.mmap
+    path: str
+    size: int
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:  # a view of it is still referenced; the mapping goes with that view
+            logger.debug("warm mapping of %s still has views", self.path)
+        os.close(self.fd)
+
+    def try_lock(self) -> bool:
+        """The exclusive lock, without waiting: True only when no reader holds a lease on this file."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+
 @dataclass(frozen=True)
 class StoredVersion:
     manifest: VersionManifest
@@ -211,12 +279,15 @@ class StoredVersion:
 class RelayStore:
     """The relay's versions in host shared memory (one directory of tmpfs files)."""
 
-    def __init__(self, root: str, keep: int = KEEP_VERSIONS, lock_timeout_s: float = 10.0) -> None:
+    def __init__(self, root: str, keep: int = KEEP_VERSIONS, lock_timeout_s: float = 10.0, recycle: bool = True) -> None:
+        """``recycle=False``: evicted versions are always unlinked and every staging copy gets fresh pages (the
+        store before recycling existed; benchmarks measure both)."""
         if int(keep) != keep or keep < 1:
             raise ValueError(f"keep={keep!r} (laminar.relay.keep_versions) must be an integer >= 1: the copies of "
                              "the model this relay may hold, the one being received included")
         self.root = root
         self.keep = int(keep)
+        self.recycle = recycle
         self._lock = threading.Lock()
         self._owner = acquire_store(root, lock_timeout_s)  # held for the store's life: sweeps leave it alone
         for name in os.listdir(root):  # a restarted relay drops torn leftovers, keeps complete versions
@@ -224,6 +295,7 @@ class RelayStore:
                 os.unlink(os.path.join(root, name))
         self._versions: dict[int, StoredVersion] = {}
         self._spares: dict[int, str] = {}  # size -> pre-allocated staging file (at most one)
+        self._warm: dict[int, _Warm] = {}  # committed version -> its mapping, for recycling at eviction
         self._spare_lock = threading.Lock()
         for v in StoreReader(root).versions():
             self._versions[v] = StoredVersion(StoreReader(root).manifest(v), _data_path(root, v))
@@ -244,7 +316,20 @@ class RelayStore:
                         f"{spare} is not a spare buffer of at least {manifest.total_bytes} bytes in {self.root}; "
                         "call prepare_publish again")
                 del self._spares[size]
-            self._evict(self.keep - 1)
+            want = (manifest.total_bytes if spare is None else size) if self.recycle else None
+            recycled = self._evict(self.keep - 1, recycle_size=want)
+            if recycled is not None and spare is not None:
+                # a publish: the evicted version's pages become the next publish's spare, so the spare the relay
+                # prepares after this publish is already there (no fresh pages to zero while the chain runs)
+                recycled = self._recycle_as_spare(recycled, size)
+        if recycled is not None:
+            logger.debug("relay store %s receives version %d into recycled pages", self.root, manifest.version)
+            try:
+                return Staging(self.root, manifest, reserve=reserve, keep=self.keep, recycled=recycled)
+            except BaseException:
+                recycled.close()
+                _unlink(recycled.path)
+                raise
         if spare is None:
             ensure_free(self.root, manifest.total_bytes, self.keep, f"version {manifest.version}")
         return Staging(self.root, manifest, spare, reserve=reserve, keep=self.keep)
@@ -288,10 +373,13 @@ class RelayStore:
                 f"version {m.version} cannot be committed: chunks {missing[:8]} not verified (aborted={staging.aborted})"
             )
         final = m.with_checksums(staging.checksums)
-        staging.close()
+        warm = staging.detach()
         data = _data_path(self.root, m.version)
         with self._lock:
             os.replace(staging.path, data)
+            if warm is not None:
+                warm.path = data
+                self._warm[m.version] = warm
             tmp = _json_path(self.root, m.version) + ".tmp"
             with open(tmp, "w") as f:
                 f.write(final.to_json())
@@ -308,14 +396,41 @@ class RelayStore:
         staging.close()
         _unlink(staging.path)
 
-    def _evict(self, keep: int) -> None:
-        """Unlink all but the ``keep`` newest committed versions (lock held)."""
+    def _evict(self, keep: int, recycle_size: Optional[int] = None) -> Optional[_Warm]:
+        """Remove all but the ``keep`` newest committed versions (lock held).
+
+        With ``recycle_size``, the first evicted version of that size that no reader holds is returned, locked,
+        its data file left in place for ``Staging`` to take over; every other evicted version is unlinked.
+        """
+        recycled = None
         old = sorted(self._versions)
         for v in old[: max(0, len(old) - keep)]:
             del self._versions[v]
-            for p in (_json_path(self.root, v), _data_path(self.root, v)):
-                _unlink(p)
-            logger.debug("relay store %s evicted version %d (keep_versions=%d)", self.root, v, self.keep)
+            _unlink(_json_path(self.root, v))  # unreadable from here on
+            warm = self._warm.pop(v, None)
+            if (recycled is None and warm is not None and recycle_size is not None and warm.size == recycle_size
+                    and warm.try_lock()):
+                recycled = warm
+            else:
+                if warm is not None:
+                    warm.close()
+                _unlink(_data_path(self.root, v))
+            logger.debug("relay store %s evicted version %d (keep_versions=%d%s)", self.root, v, self.keep,
+                         ", pages recycled" if recycled is warm and warm is not None else "")
+        return recycled
+
+    def _recycle_as_spare(self, warm: _Warm, size: int) -> None:
+        """Make a locked, evicted version's file the spare of ``size`` bytes (lock held)."""
+        path = os.path.join(self.root, f"staging-spare-{uuid.uuid4().hex[:8]}.data")
+        os.replace(warm.path, path)
+        warm.close()  # the publisher maps the spare itself; closing the descriptor drops the exclusive lock
+        self._spares[size] = path
+        return None
+
+    def _close_warm(self) -> None:
+        for warm in self._warm.values():
+            warm.close()
+        self._warm.clear()
 
     def data_bytes(self) -> int:
         """Bytes of version data in the store now: readable versions, staging copies and the spare."""
@@ -349,6 +464,8 @@ class RelayStore:
 
     def close(self) -> None:
         """Release the store's lock, files kept (as the relay's death would): a successor may take them over."""
+        with self._lock:
+            self._close_warm()
         if self._owner >= 0:
             os.close(self._owner)
             self._owner = -1
@@ -360,6 +477,7 @@ class RelayStore:
                 bury_store(self.root)  # moved away while still locked, so no sweep or successor sees it half-removed
             self._versions.clear()
             self._spares.clear()
+            self._close_warm()
         self.close()
         try:  # the shared parent (default_store_root) goes with its last relay
             os.rmdir(os.path.dirname(self.root))

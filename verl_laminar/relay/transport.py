@@ -6,16 +6,21 @@ that the receiver writes straight into its destination buffer (``recv_payload_in
 receives a chunk directly into its shared-memory staging file and forwards it from there.
 
 ``TcpTransport`` is the default and works everywhere (blocking sockets, one thread per stream,
-TCP_NODELAY; the GIL is released during ``sendall``/``recv_into``).
+TCP_NODELAY; the GIL is released during ``sendall``/``recv_into``). Socket buffers are left to the kernel's
+autotuning by default, which grows them to the bandwidth-delay product of the path; a fixed size caps a
+fast link at ``buffer / RTT``.
 
-RDMA seam (NIXL / UCX): an ``RdmaTransport`` implements the same two classes. ``Staging`` buffers
-are tmpfs mappings, so they can be registered with the NIC once per version (``nixl_agent.register_memory``
-/ ``ucp.mem_map``); ``send`` of a CHUNK then posts a one-sided write of that slice to the peer's
-registered staging region plus a small notification carrying the header, and ``recv_payload_into``
-returns when the notification for that chunk arrives (the payload already sits in place). The control
-frames (BEGIN/ACCEPT/END/PULL) can stay on TCP. What changes is the cost model: Ts drops from
-tens-hundreds of microseconds (syscalls + TCP) to a few microseconds, and no CPU copies bytes, so the
-best chunk count grows and T*(p) approaches one copy even for long chains.
+One-sided transports (``relay/mooncake.py``) keep these frames on the TCP connection as control messages and
+move CHUNK payloads by a one-sided write into the receiver's registered staging buffer. The seam is three
+members every channel has:
+    ``one_sided``         True when chunk payloads arrive by a write into exposed memory
+    ``expose(view)``      receiver: make ``view`` (the version's staging buffer) writable by the peer; returns
+                          the ACCEPT payload that describes it (empty for TCP)
+    ``bind_peer(payload)`` sender: the ACCEPT payload; later ``send_file`` CHUNKs go into that buffer
+A placed CHUNK's header has ``PLACED`` set in its kind byte and its payload length, but no payload bytes
+follow it: ``recv_header`` clears the flag and the next ``recv_payload_into`` returns at once, since the
+bytes already sit in place (the write completed before the header was sent). So the relay's receive loop,
+its per-chunk CRC and its commit are the same code for every transport.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ MAGIC = b"LMRL"
 _HEADER = struct.Struct("!4sBQIQI")  # magic, kind, version, index, payload length, crc32
 HEADER_SIZE = _HEADER.size
 NEWEST = (1 << 64) - 1  # version field meaning "the newest you have"
+
+
+PLACED = 0x80  # kind flag: the CHUNK's payload was written one-sided into the receiver's exposed buffer
 
 
 class Kind:
@@ -61,6 +69,11 @@ class Frame:
 
 class Channel(Protocol):
     peer: str
+    one_sided: bool
+
+    def expose(self, view: memoryview) -> bytes: ...
+
+    def bind_peer(self, payload: bytes) -> None: ...
 
     def send(self, frame: Frame, payload: bytes | memoryview = b"") -> None: ...
 
@@ -103,10 +116,21 @@ def _tune(sock: socket.socket, buffer_bytes: int) -> None:
 
 
 class TcpChannel:
+    one_sided = False
+
     def __init__(self, sock: socket.socket, peer: str, rate_bytes_per_s: Optional[float] = None) -> None:
         self.sock = sock
         self.peer = peer
         self._rate = rate_bytes_per_s
+        self._closed = False
+
+    def expose(self, view: memoryview) -> bytes:
+        return b""  # payloads travel inline on this stream
+
+    def bind_peer(self, payload: bytes) -> None:
+        if payload:
+            raise TransportError(f"{self.peer} answered with a one-sided buffer description, but this relay uses "
+                                 "the tcp transport: every relay of a group must use the same laminar.relay.transport")
 
     def settimeout(self, seconds: Optional[float]) -> None:
         self.sock.settimeout(seconds)
@@ -183,7 +207,9 @@ class TcpChannel:
         return bytes(buf)
 
     def close(self) -> None:
-        _close_socket(self.sock)
+        if not self._closed:  # idempotent: a superseded transfer and its handler may both close it
+            self._closed = True
+            _close_socket(self.sock)
 
 
 def _close_socket(sock: socket.socket) -> None:
@@ -215,9 +241,13 @@ class TcpListener:
 
 class TcpTransport:
     """TCP transport. ``rate_bytes_per_s`` paces payload sends (tests without ``tc``);
-    ``buffer_bytes`` sets SO_SNDBUF/SO_RCVBUF (0 keeps the kernel's autotuning)."""
+    ``buffer_bytes`` sets SO_SNDBUF/SO_RCVBUF; 0 (the default) keeps the kernel's autotuning, which sizes them
+    from the path's bandwidth-delay product (a fixed 4 MiB, the earlier default, caps a 100 Gbit/s link with a
+    1 ms RTT at a third of its rate)."""
 
-    def __init__(self, rate_bytes_per_s: Optional[float] = None, buffer_bytes: int = 4 << 20) -> None:
+    name = "tcp"
+
+    def __init__(self, rate_bytes_per_s: Optional[float] = None, buffer_bytes: int = 0) -> None:
         self.rate_bytes_per_s = rate_bytes_per_s
         self.buffer_bytes = buffer_bytes
 
@@ -235,3 +265,33 @@ class TcpTransport:
             raise TransportError(f"cannot connect to relay at {address[0]}:{address[1]}: {e}") from e
         sock.settimeout(None)
         return TcpChannel(sock, f"{address[0]}:{address[1]}", self.rate_bytes_per_s)
+
+
+TRANSPORTS = ("tcp", "mooncake")
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """What ``laminar.relay`` says about the transport, in a form that travels to a relay actor or process.
+
+    ``kind``: tcp | mooncake; ``protocol`` (mooncake only): tcp | rdma; ``device``: Mooncake's NIC filter.
+    """
+
+    kind: str = "tcp"
+    protocol: str = "tcp"
+    device: Optional[str] = None
+    rate_bytes_per_s: Optional[float] = None  # tcp: paced sends, for tests without tc
+    buffer_bytes: int = 0  # tcp: fixed socket buffers; 0 = the kernel's autotuning
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRANSPORTS:
+            raise ValueError(f"laminar.relay.transport={self.kind!r}: must be one of {TRANSPORTS}")
+        if self.kind == "mooncake" and self.rate_bytes_per_s:
+            raise ValueError("paced sends (rate_bytes_per_s) exist only for the tcp transport; limit the link with tc")
+
+    def build(self) -> Transport:
+        if self.kind == "mooncake":
+            from verl_laminar.relay.mooncake import MooncakeTransport  # optional dependency, imported when chosen
+
+            return MooncakeTransport(self.protocol, self.device)
+        return TcpTransport(self.rate_bytes_per_s, self.buffer_bytes)
