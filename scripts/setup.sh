@@ -9,13 +9,17 @@ PY=${PYTHON:-python3}
 stamp="$VENV/.laminar-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 
-# System tools the tests need: bubblewrap (the code sandbox isolates untrusted code with it) and iproute2 (the
-# relay testbed's network namespaces and tc links). As root they are installed, and a failed install stops setup:
-# under CI=true a test that skips for a missing tool fails anyway, so fail here with the actual cause.
+# System tools the tests need: bubblewrap (the code sandbox isolates untrusted code with it), iproute2 (the
+# relay testbed's network namespaces and tc links) and the RDMA/NUMA libraries Mooncake's engine links. As root
+# they are installed, and a failed install stops setup: under CI=true a test that skips for a missing tool fails anyway, so fail here with the actual cause.
 if [ "$(id -u)" = 0 ]; then
   need=()
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
   { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
+  # Mooncake's Transfer Engine (laminar.relay.transport=mooncake) links these even for its TCP protocol
+  for lib in libibverbs.so.1:libibverbs1 librdmacm.so.1:librdmacm1 libnuma.so.1:libnuma1; do
+    ldconfig -p | grep "${lib%%:*}" >/dev/null || need+=("${lib##*:}")  # no -q: pipefail and SIGPIPE
+  done
   if [ "${#need[@]}" -gt 0 ]; then
     if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null 2>&1; then
       echo "setup: could not install ${need[*]} with apt-get (run: apt-get update && apt-get install -y ${need[*]})" >&2

@@ -58,7 +58,16 @@ BAD_VALUES = [
     ({"replicas": True}, "laminar.replicas=True: must be of type int, got bool"),
     ({"refresh.policy": "every_step"}, "laminar.refresh.policy='every_step': must be one of 'on_batch_end'"),
     ({"off_policy.correction": "tis"}, "must be one of 'clipped_token_ratio', 'verl_rollout_correction'"),
-    ({"relay.transport": "rdma"}, "laminar.relay.transport='rdma': must be one of 'tcp'"),
+    ({"relay.transport": "rdma"}, "laminar.relay.transport='rdma': must be one of 'tcp', 'mooncake'"),
+    ({"relay.protocol": "roce"}, "laminar.relay.protocol='roce': must be one of 'tcp', 'rdma'"),
+    ({"relay.protocol": "rdma"}, "laminar.relay.protocol='rdma': needs laminar.relay.transport=mooncake"),
+    ({"relay.device": "mlx5_0"}, "laminar.relay.device='mlx5_0': needs laminar.relay.transport=mooncake with"),
+    ({"relay.transport": "mooncake", "relay.device": "mlx5_0, mlx5_1"},
+     "laminar.relay.device='mlx5_0, mlx5_1': must be null (Mooncake picks the RDMA NICs) or a comma-separated"),
+    ({"relay.transport": "mooncake", "relay.device": ""}, "laminar.relay.device='': must be null"),
+    ({"relay.interface": ""}, "laminar.relay.interface='': must be null (bind the node's address Ray uses)"),
+    ({"relay.interface": "ib 0"}, "laminar.relay.interface='ib 0': must be null"),
+    ({"relay.interface": 3}, "laminar.relay.interface=3: must be of type str, got int"),
     ({"relay.keep_versions": 0}, "laminar.relay.keep_versions=0: must be >= 1"),
     ({"relay.chunk_mb": -1}, "laminar.relay.chunk_mb=-1.0: must be null (chunk count from the broadcast"),
     ({"relay.link_gbps": 0}, "laminar.relay.link_gbps=0.0: must be > 0 Gbit/s"),
@@ -82,7 +91,7 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("overrides, message", BAD_VALUES, ids=[next(iter(o)) + f"={v}" for o, _ in BAD_VALUES for v in o.values()])
+@pytest.mark.parametrize("overrides, message", BAD_VALUES, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o, _ in BAD_VALUES])
 def test_bad_values_name_key_value_and_fix(overrides, message):
     with pytest.raises(LaminarConfigError) as err:
         build(**overrides)
@@ -94,13 +103,26 @@ def test_bad_values_name_key_value_and_fix(overrides, message):
     [
         ({"repak.enabled": False}, "laminar.repak", "replicas, dispatch, refresh, buffer, repack, relay, pool"),
         ({"repack.cmax": 0.5}, "laminar.repack.cmax", "enabled, interval_s, c_max, max_batch_b"),
-        ({"relay.chunks": 8, "relay.mb": 1}, "laminar.relay.chunks, laminar.relay.mb", "transport, chunk_mb, keep_versions"),
+        ({"relay.chunks": 8, "relay.mb": 1}, "laminar.relay.chunks, laminar.relay.mb",
+         "transport, protocol, device, interface, chunk_mb, keep_versions"),
     ],
 )
 def test_unknown_keys_are_rejected_with_the_valid_ones(overrides, unknown, valid):
     with pytest.raises(LaminarConfigError) as err:
         build(**overrides)
     assert f"unknown key(s) {unknown};" in str(err.value) and valid in str(err.value)
+
+
+def test_transport_spec_carries_transport_protocol_and_device():
+    from verl_laminar.relay.transport import TransportSpec
+
+    assert LaminarConfig().relay.transport_spec() == TransportSpec("tcp")
+    relay = build(**{"relay.transport": "mooncake", "relay.protocol": "rdma", "relay.device": "mlx5_0,mlx5_1",
+                     "relay.interface": "ib0"}).relay
+    assert relay.transport_spec() == TransportSpec("mooncake", "rdma", "mlx5_0,mlx5_1")
+    assert relay.interface == "ib0"  # bound by each relay (Relay(interface=...)), not part of the transport
+    assert build(**{"relay.transport": "mooncake"}).relay.transport_spec() == TransportSpec("mooncake", "tcp")
+    assert build(**{"relay.interface": "10.0.0.5"}).relay.interface == "10.0.0.5"
 
 
 def test_refresh_deadline_keys_are_typed_options():

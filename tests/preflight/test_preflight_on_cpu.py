@@ -76,7 +76,8 @@ def test_every_gpu_recipe_passes(reports):
         # the construction of verl's trainer class ran (its asserts included), not only our estimates
         assert status["trainer.construct"] == OK and status["verl.validate_config"] == OK, name
         if name.endswith("laminar"):
-            assert {"laminar.config", "relay.host_memory", "relay.broadcast", "refresh.timeouts"} <= set(status)
+            assert {"laminar.config", "relay.transport", "relay.host_memory", "relay.broadcast",
+                    "refresh.timeouts"} <= set(status)
             assert report.facts["parameter_sync_step"] == 16  # 512 prompts / 32 per mini-batch: the paper's step
 
 

@@ -36,23 +36,32 @@ def _netns_usable() -> bool:
 
 
 @pytest.mark.skipif(not _netns_usable(), reason="needs root, ip netns, tc htb/u32")
-def test_small_broadcast_on_testbed(tmp_path):
+def test_small_broadcast_on_testbed_both_transports_and_loopback(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "verl_laminar.bench.relay", "--relays", "3", "--size-mb", "4",
-         "--link-mbps", "400", "--json"],
+         "--link-mbps", "400", "--loopback-mb", "16", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-2000:]
-    r = json.loads(stdout)
-    assert r["integrity"] == "ok" and r["relays"] == 3 and r["bytes"] == 4 << 20
-    for key in ("chunks", "link_mbps", "t_broadcast_s", "t_one_copy_s", "ratio", "t_model_s", "trainer_stall_s"):
-        assert r[key] > 0, key
-    # the emulated link limits the copy (4 MiB at 400 Mbit/s takes >= 84 ms), and the chain is pipelined: a
-    # store-and-forward chain of 3 relays would take about twice one copy
-    line_rate_s = r["bytes"] * 8 / (r["link_mbps"] * 1e6)
-    assert r["t_one_copy_s"] >= 0.9 * line_rate_s and r["t_broadcast_s"] >= 0.9 * line_rate_s, r
-    assert r["ratio"] == pytest.approx(r["t_broadcast_s"] / r["t_one_copy_s"], rel=0.01)
-    assert r["ratio"] < 1.8, r
+    result = json.loads(stdout)
+    assert sorted(result["transports"]) == ["mooncake", "tcp"]
+    line_rate_s = (4 << 20) * 8 / (400 * 1e6)
+    for name, r in result["transports"].items():
+        assert r["transport"] == name and r["integrity"] == "ok" and r["relays"] == 3 and r["bytes"] == 4 << 20
+        for key in ("chunks", "link_mbps", "t_broadcast_s", "t_one_copy_s", "ratio", "t_model_s", "trainer_stall_s"):
+            assert r[key] > 0, (name, key)
+        # the emulated link limits the copy (4 MiB at 400 Mbit/s takes >= 84 ms), and the chain is pipelined: a
+        # store-and-forward chain of 3 relays would take about twice one copy
+        assert r["t_one_copy_s"] >= 0.9 * line_rate_s and r["t_broadcast_s"] >= 0.9 * line_rate_s, r
+        assert r["ratio"] == pytest.approx(r["t_broadcast_s"] / r["t_one_copy_s"], rel=0.01)
+        assert r["ratio"] < 1.8, r
+    loop = result["loopback"]
+    assert sorted(loop["rows"]) == ["mooncake", "tcp", "tcp_before"]
+    for name, r in loop["rows"].items():
+        assert r["integrity"] == "ok" and r["gb_per_s"] > 0 and r["relay_cpu_s_per_gb"] > 0, (name, r)
+        assert len(r["t_hop_s"]) == r["repeats"]
+    assert loop["tcp_speedup_vs_before"] == pytest.approx(
+        loop["rows"]["tcp"]["gb_per_s"] / loop["rows"]["tcp_before"]["gb_per_s"], rel=0.01)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     assert not [n for n in listed if n.startswith(f"lmr{proc.pid % 100000}")]  # it removed what it created

@@ -1,13 +1,15 @@
-"""Relay chain-broadcast benchmark on a private, rate-limited network of Linux namespaces.
+"""Relay chain-broadcast benchmark, every transport side by side: a rate-limited namespace network, then loopback.
 
-    python -m verl_laminar.bench.relay --relays 8 --size-mb 256 --json
+    python -m verl_laminar.bench.relay --relays 8 --size-mb 256 --json          # tcp and mooncake
     python -m verl_laminar.bench.relay --sweep --size-mb 256 --out runs/relay-bench
 
 Dataflow: NetnsTestbed (one namespace per relay, tbf-limited veth) -> P relay processes -> probes from
 relay 0 to relay 1 (Ts: header round trip; one copy of W bytes) -> chunk count from the pure policy
 (best_chunks) -> the publisher writes W bytes into the master's host memory (trainer stall) -> chain
 broadcast -> every relay's copy hashed against the source -> JSON (and, for --sweep, a plot of
-measured vs modelled time). Everything this creates (namespaces, processes, tmpfs stores) is removed
+measured vs modelled time); repeated for each ``--transports`` entry on the same testbed. Then one relay hop
+on unlimited loopback per transport (``bench.relay_loopback``: GB/s and relay CPU seconds per GB, with the
+earlier TCP receive path as ``tcp_before``). Everything this creates (namespaces, processes, tmpfs stores) is removed
 on exit, by name and PID. The JSON opens with the provenance record (``bench.provenance``: date,
 machine, command, commit, load average at start); ``--results docs/results`` also writes it to
 ``docs/results/bench_relay_p<relays>_<date>.json`` (``bench_relay_sweep_<date>.json`` with --sweep).
@@ -29,11 +31,13 @@ import tempfile
 import time
 from typing import Optional
 
+from verl_laminar.bench import relay_loopback
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
 from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
 from verl_laminar.relay.publish import Publisher
 from verl_laminar.relay.serve import RelayProcess
+from verl_laminar.relay.transport import TRANSPORTS, TransportSpec
 
 logger = logging.getLogger("verl_laminar.bench.relay")
 MB = 1 << 20
@@ -71,10 +75,12 @@ def _sha256_file(path: str) -> str:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, bed: NetnsTestbed, workdir: str) -> None:
+    def __init__(self, args: argparse.Namespace, bed: NetnsTestbed, workdir: str, transport: str = "tcp",
+                 data: Optional[bytes] = None) -> None:
         self.a, self.bed, self.workdir = args, bed, workdir
+        self.transport = TransportSpec(transport)
         self.W = args.size_mb * MB
-        self.data = os.urandom(self.W)
+        self.data = data if data is not None else os.urandom(self.W)
         self.digest = hashlib.sha256(self.data).hexdigest()
         self.t_host_fresh = _fresh_copy_s(self.data)
         self._scratch = mmap.mmap(-1, self.W)
@@ -88,7 +94,8 @@ class Bench:
             procs.append(RelayProcess(
                 f"r{i}", root=os.path.join(self.workdir, run, f"store{i}"),
                 control=os.path.join(self.workdir, run, f"ctl{i}.sock"),
-                host=self.bed.ip(i), netns=self.bed.ns(i), io_timeout_s=120.0, sched=self.a.relay_sched))
+                host=self.bed.ip(i), netns=self.bed.ns(i), io_timeout_s=120.0, sched=self.a.relay_sched,
+                transport=self.transport))
             self.procs.append(procs[-1])
         for pr in procs:
             pr.wait_ready()
@@ -152,7 +159,7 @@ class Bench:
         return stall
 
     def run(self, p: int) -> dict:
-        run = f"p{p}"
+        run = f"{self.transport.kind}-p{p}"
         procs = self._start(p, run)
         try:
             if self.link is None:
@@ -174,7 +181,7 @@ class Bench:
         t_b = t_last - t_pub
         model = t_star(p, self.W, tb, ts)
         return {
-            "relays": p, "bytes": self.W, "chunks": c, "link_mbps": self.a.link_mbps,
+            "transport": self.transport.kind, "relays": p, "bytes": self.W, "chunks": c, "link_mbps": self.a.link_mbps,
             "relay_sched": self.a.relay_sched,
             "measured_link_mbps": round(self.W * 8 / one / 1e6, 2), "delay_ms": self.a.delay_ms,
             "t_broadcast_s": round(t_b, 4), "t_one_copy_s": round(one, 4), "ratio": round(t_b / one, 4),
@@ -201,28 +208,30 @@ class Bench:
             self.procs.remove(pr)
 
 
-def _plot(rows: list[dict], path: str) -> None:
+def _plot(by_transport: dict[str, list[dict]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ps = [r["relays"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(ps, [r["t_broadcast_s"] for r in rows], "o-", label="measured broadcast")
-    ax.plot(ps, [r["t_model_s"] for r in rows], "s--", label="model T*(p)")
-    ax.plot(ps, [r["t_one_copy_s"] for r in rows], ":", color="gray", label="one point-to-point copy")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    first = next(iter(by_transport.values()))
+    ps = [r["relays"] for r in first]
+    for (name, rows), color in zip(by_transport.items(), ("tab:blue", "tab:orange", "tab:green")):
+        ax.plot(ps, [r["t_broadcast_s"] for r in rows], "o-", color=color, label=f"{name}: measured broadcast")
+        ax.plot(ps, [r["t_model_s"] for r in rows], "s--", color=color, alpha=0.6, label=f"{name}: model T*(p)")
+        for r in rows:
+            ax.annotate(f"{r['ratio']:.3f}x", (r["relays"], r["t_broadcast_s"]), textcoords="offset points",
+                        xytext=(0, 8 if color == "tab:blue" else -14), ha="center", fontsize=7, color=color)
+    ax.plot(ps, [r["t_one_copy_s"] for r in first], ":", color="gray", label="one point-to-point copy")
     ax.set_xlabel("relays p (master included)")
     ax.set_ylabel("seconds")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ps, [str(p) for p in ps])
-    top = max(max(r["t_broadcast_s"], r["t_model_s"]) for r in rows)
-    ax.set_ylim(0, top * 1.25)
-    for r in rows:
-        ax.annotate(f"{r['ratio']:.3f}x", (r["relays"], r["t_broadcast_s"]), textcoords="offset points",
-                    xytext=(0, 8), ha="center", fontsize=8)
-    ax.set_title(f"chain broadcast of {rows[0]['bytes'] // MB} MB at {rows[0]['link_mbps']} Mbit/s per link")
-    ax.legend()
+    top = max(max(r["t_broadcast_s"], r["t_model_s"]) for rows in by_transport.values() for r in rows)
+    ax.set_ylim(0, top * 1.3)
+    ax.set_title(f"chain broadcast of {first[0]['bytes'] // MB} MB at {first[0]['link_mbps']} Mbit/s per link")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -239,6 +248,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="relay scheduling: rr (real-time, default) keeps a busy host's time slices out of every "
                          "chunk's wake-up; normal measures the host's scheduler as well")
     ap.add_argument("--sweep", action="store_true", help="run p = 2, 4, 8, 16 and plot measured vs modelled")
+    ap.add_argument("--transports", default=",".join(TRANSPORTS),
+                    help=f"comma-separated, run side by side on the same testbed (default: {','.join(TRANSPORTS)})")
+    ap.add_argument("--loopback-mb", type=int, default=256,
+                    help="bytes per loopback hop, in MiB (0: skip the loopback part)")
     ap.add_argument("--out", default="runs/relay-bench", help="directory for the sweep JSON and plot")
     ap.add_argument("--results", default=None, metavar="DIR",
                     help="also write the JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
@@ -250,7 +263,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--relays {a.relays}: a chain needs at least 2 relays (the master and one more)")
     if a.size_mb < 1:
         ap.error(f"--size-mb {a.size_mb} must be >= 1")
+    a.transports = [t.strip() for t in a.transports.split(",") if t.strip()]
+    bad = [t for t in a.transports if t not in TRANSPORTS]
+    if bad or not a.transports:
+        ap.error(f"--transports {','.join(a.transports)}: each must be one of {TRANSPORTS}")
+    if a.loopback_mb < 0:
+        ap.error(f"--loopback-mb {a.loopback_mb} must be >= 0")
     return a
+
+
+def loopback_variants(transports: list[str]) -> list[str]:
+    """The loopback rows for the chosen transports: tcp brings the earlier TCP path along as its baseline."""
+    return (["tcp_before"] if "tcp" in transports else []) + list(transports)
 
 
 def main(argv=None) -> int:
@@ -274,11 +298,18 @@ def main(argv=None) -> int:
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     workdir = tempfile.mkdtemp(prefix=f"laminar-bench-{os.getpid()}-", dir=base)
     bed = NetnsTestbed(max(ps), a.link_mbps, a.delay_ms)
-    bench = None
+    benches: list[Bench] = []
+    loop = None
     try:
         bed.up()
-        bench = Bench(a, bed, workdir)
-        rows = [bench.run(p) for p in ps]
+        data = os.urandom(a.size_mb * MB)
+        rows: dict[str, list[dict]] = {}
+        for t in a.transports:  # same bytes, same testbed, one after the other
+            benches.append(Bench(a, bed, workdir, t, data))
+            rows[t] = [benches[-1].run(p) for p in ps]
+        if a.loopback_mb:
+            loop = relay_loopback.run(loopback_variants(a.transports), a.loopback_mb,
+                                      chunks=max(1, (a.loopback_mb * MB) // (8 * MB)), workdir=workdir)
     except NetnsUnavailable as e:
         print(f"relay bench: cannot build the namespace testbed: {e}", file=sys.stderr)
         return 2
@@ -286,11 +317,13 @@ def main(argv=None) -> int:
         print("relay bench: terminated; cleaned up", file=sys.stderr)
         return 143
     finally:
-        if bench is not None:
+        for bench in benches:
             bench.cleanup()
         bed.down()
         shutil.rmtree(workdir, ignore_errors=True)
-    result: dict = {**prov, **(rows[0] if not a.sweep else {"sweep": rows})}
+    result: dict = {**prov, "transports": {t: (r if a.sweep else r[0]) for t, r in rows.items()}}
+    if loop is not None:
+        result["loopback"] = loop
     if a.sweep:
         os.makedirs(a.out, exist_ok=True)
         plot = os.path.join(a.out, "relay_sweep.png")
@@ -303,14 +336,30 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{'p':>3} {'chunks':>6} {'t_bcast':>8} {'t_copy':>7} {'ratio':>6} {'t_model':>8} {'err':>6} "
-              f"{'stall':>6} integrity")
-        for r in rows:
-            print(f"{r['relays']:>3} {r['chunks']:>6} {r['t_broadcast_s']:>8.3f} {r['t_one_copy_s']:>7.3f} "
-                  f"{r['ratio']:>6.3f} {r['t_model_s']:>8.3f} {r['model_error']:>+6.1%} {r['trainer_stall_s']:>6.3f} "
-                  f"{r['integrity']}")
-    failed = [r for r in rows if r["integrity"] != "ok"]
+        for line in summary_lines(rows, loop):
+            print(line)
+    failed = [r for rs in rows.values() for r in rs if r["integrity"] != "ok"]
+    failed += [r for r in (loop or {}).get("rows", {}).values() if r["integrity"] != "ok"]
     return 1 if failed else 0
+
+
+def summary_lines(rows: dict[str, list[dict]], loop: Optional[dict]) -> list[str]:
+    out = [f"{'transport':>9} {'p':>3} {'chunks':>6} {'t_bcast':>8} {'t_copy':>7} {'ratio':>6} {'t_model':>8} "
+           f"{'err':>6} {'stall':>6} integrity"]
+    for t, rs in rows.items():
+        for r in rs:
+            out.append(f"{t:>9} {r['relays']:>3} {r['chunks']:>6} {r['t_broadcast_s']:>8.3f} "
+                       f"{r['t_one_copy_s']:>7.3f} {r['ratio']:>6.3f} {r['t_model_s']:>8.3f} "
+                       f"{r['model_error']:>+6.1%} {r['trainer_stall_s']:>6.3f} {r['integrity']}")
+    if loop is not None:
+        out.append(f"loopback, one hop of {loop['size_mb']} MiB:")
+        for name, r in loop["rows"].items():
+            out.append(f"{name:>11}: {r['gb_per_s']:.3f} GB/s, {r['relay_cpu_s_per_gb']:.3f} relay CPU s/GB, "
+                       f"{r['integrity']}")
+        for key in ("tcp_speedup_vs_before", "mooncake_vs_tcp"):
+            if key in loop:
+                out.append(f"{key}: {loop[key]:.3f}")
+    return out
 
 
 if __name__ == "__main__":

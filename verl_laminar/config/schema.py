@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # the relay package stays out of this module's imports (see the module docstring)
+    from verl_laminar.relay.transport import TransportSpec
 
 ROOT = "laminar"
 
@@ -107,14 +110,21 @@ class RepackConfig(_Section):
 @dataclass(frozen=True)
 class RelayConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.relay"
-    transport: Literal["tcp"] = "tcp"
+    transport: Literal["tcp", "mooncake"] = "tcp"
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    device: Optional[str] = None
+    interface: Optional[str] = None
     chunk_mb: Optional[float] = None
     keep_versions: int = 2
     link_gbps: float = 10.0
 
     def __post_init__(self) -> None:
+        self._check_transport()
+        self._require("interface", self.interface is None or _is_token(self.interface),
+                      "must be null (bind the node's address Ray uses) or the name of a network interface or an IPv4 "
+                      "address on every relay node, without spaces, e.g. ib0 or 10.0.0.5")
         self._require("link_gbps", self.link_gbps > 0,
-                      "must be > 0 Gbit/s, the bandwidth one TCP hop between relays sustains, e.g. 10.0 "
+                      "must be > 0 Gbit/s, the bandwidth one hop between relays sustains, e.g. 10.0 "
                       "on 10 GbE")
         self._require(
             "chunk_mb",
@@ -126,6 +136,33 @@ class RelayConfig(_Section):
             self.keep_versions >= 1,
             "must be >= 1 (the newest version); 2 lets a rollout finish loading version n while n+1 arrives",
         )
+
+    def _check_transport(self) -> None:
+        """protocol and device configure Mooncake only: with tcp they would be ignored, so a user who asked for
+        RDMA would silently get plain TCP."""
+        mooncake = self.transport == "mooncake"
+        self._require("protocol", self.protocol == "tcp" or mooncake,
+                      f"needs {self._key('transport')}=mooncake (it is Mooncake's data protocol; the tcp transport "
+                      f"has no RDMA path): set {self._key('transport')}=mooncake and install Mooncake's Transfer "
+                      f"Engine, or remove {self._key('protocol')}")
+        self._require("device", self.device is None or mooncake,
+                      f"needs {self._key('transport')}=mooncake with {self._key('protocol')}=rdma (it names "
+                      f"Mooncake's RDMA NICs): set them, or remove {self._key('device')} "
+                      f"({self._key('interface')} chooses the network of the tcp transport)")
+        self._require("device", self.device is None or _is_token(self.device),
+                      "must be null (Mooncake picks the RDMA NICs) or a comma-separated list of RDMA device names "
+                      "without spaces, e.g. mlx5_0,mlx5_1")
+
+    def transport_spec(self) -> "TransportSpec":
+        """The transport every relay of the group builds (``Relay(transport=...)``)."""
+        from verl_laminar.relay.transport import TransportSpec  # stdlib only; imported here to keep the rule above
+
+        return TransportSpec(kind=self.transport, protocol=self.protocol, device=self.device)
+
+
+def _is_token(value: str) -> bool:
+    """A non-empty value without whitespace (a name or address; a space would become part of it)."""
+    return value != "" and not any(c.isspace() for c in value)
 
 
 @dataclass(frozen=True)

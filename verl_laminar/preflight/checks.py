@@ -273,6 +273,28 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
         report.add("relay.engine_timeout", OK, value + ("" if given is not None else " (derived)"))
 
 
+def check_transport(report: Report, lam: Any, role: str) -> None:
+    """laminar.relay.transport=mooncake needs Mooncake's Transfer Engine on every relay node; without it each relay
+    fails at start, after the cluster has been allocated. Checked on this node, as relay.dev_shm is."""
+    relay = lam.relay
+    if relay.transport != "mooncake":
+        report.add("relay.transport", OK, f"{relay.transport} (nothing to install)")
+        return
+    from verl_laminar.relay.mooncake import MooncakeUnavailable, load_engine_class
+
+    value = f"mooncake, protocol {relay.protocol}" + (f", device {relay.device}" if relay.device else "")
+    try:
+        load_engine_class()
+    except MooncakeUnavailable as e:
+        if role in ("rollout", "master"):
+            report.add("relay.transport", FAIL, value + f": not importable on this node ({role})", str(e))
+        else:  # a head node or laptop need not have it: only the relay nodes do
+            report.add("relay.transport", WARN, value + f": not importable here (role {role}, no relay)",
+                       f"{e}; run the preflight on a relay node with --node-role rollout (or master)")
+        return
+    report.add("relay.transport", OK, value + ": Mooncake's Transfer Engine imports on this node")
+
+
 ENGINE_TIMEOUT_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.timeout_s"
 EXPECTED_BYTES_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.expected_bytes"
 
@@ -352,6 +374,8 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
             construct_trainer(cfg)
     p = placement(cfg, single_host=cpu_job)
     check_placement(report, cfg, p)
+    if lam is not None:
+        check_transport(report, lam, node_role(opts, p.single_host))
     version = check_weights(report, prepared, opts, ipc=not cpu_job)
     if lam is not None and version is not None:
         check_relays(report, prepared, lam, opts, p, version)
@@ -368,6 +392,7 @@ def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> R
     report = Report()
     p = placement(cfg, single_host=cpu_job)
     check_placement(report, cfg, p)
+    check_transport(report, lam, node_role(opts, p.single_host))
     version = check_weights(report, cfg, opts, ipc=not cpu_job)
     if version is not None:
         check_relays(report, cfg, lam, opts, p, version)

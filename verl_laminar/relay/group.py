@@ -36,6 +36,7 @@ from verl_laminar.policy.chain import (
     rebuild_chain,
 )
 from verl_laminar.relay.store import KEEP_VERSIONS
+from verl_laminar.relay.transport import TransportSpec
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def spawn_relay(group: str, relay_id: str, node_id: str, node_ip: str, namespace
     """Start a CPU-only relay actor pinned to ``node_id`` (hard affinity), named for lookup, owned by the caller.
 
     ``relay_options`` go to ``Relay`` (``keep_versions``, ``chunk_mb``, ``auto_chunks``, ``link_bytes_per_s``,
-    ``chunk_latency_s``).
+    ``chunk_latency_s``, ``transport`` (a ``TransportSpec``), ``interface``).
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -131,25 +132,31 @@ class RelayGroup:
         self._plan: Optional[ChainPlan] = None
         self._events: list[dict] = []
         self._before_drop: dict[str, ChainPlan] = {}  # a dropped relay -> the last plan it was in
+        self._relay_options: dict[str, Any] = {}  # what spawn gave every relay; replacements get the same
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
 
     # ---- membership ----
     def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: Optional[int] = None,
               keep_versions: int = KEEP_VERSIONS, chunk_mb: Optional[float] = None,
-              link_bytes_per_s: Optional[float] = None, chunk_latency_s: Optional[float] = None) -> ChainPlan:
+              link_bytes_per_s: Optional[float] = None, chunk_latency_s: Optional[float] = None,
+              transport: Optional[TransportSpec] = None, interface: Optional[str] = None) -> ChainPlan:
         """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan.
 
         ``chunks``: a fixed chunk count for every broadcast (tests, benchmarks); None lets each publish pick it
         from ``chunk_mb`` (laminar.relay.chunk_mb) or, when that is None, from the chain cost model with
         ``link_bytes_per_s`` / ``chunk_latency_s`` (None: the defaults in policy.chain). ``keep_versions``:
-        laminar.relay.keep_versions, the copies of the model each relay holds at most.
+        laminar.relay.keep_versions, the copies of the model each relay holds at most. ``transport``:
+        ``RelayConfig.transport_spec()`` (None: tcp); ``interface``: laminar.relay.interface, the NIC or address
+        each relay binds instead of its node ip (None: the node ip).
         """
         import ray
 
         options: dict[str, Any] = {"keep_versions": keep_versions, "chunk_mb": chunk_mb, "auto_chunks": not chunks}
-        options.update({k: v for k, v in (("link_bytes_per_s", link_bytes_per_s),
-                                          ("chunk_latency_s", chunk_latency_s)) if v is not None})
+        options.update({k: v for k, v in (("link_bytes_per_s", link_bytes_per_s), ("chunk_latency_s", chunk_latency_s),
+                                          ("transport", transport), ("interface", interface)) if v is not None})
+        with self._lock:
+            self._relay_options = dict(options)
         handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace, **options)
                    for rid, (nid, ip) in nodes.items()}
         infos = ray.get([h.info.remote() for h in handles.values()])
@@ -162,8 +169,23 @@ class RelayGroup:
         self._broadcast_plan()
         return self._plan
 
+    def spawn_replacement(self, relay_id: str, node_id: str, node_ip: str, master: bool = False) -> None:
+        """Start a relay with the options ``spawn`` gave the others and ``adopt`` it: a relay on another transport
+        could not exchange a single chunk with its neighbours."""
+        with self._lock:
+            options = dict(self._relay_options)
+        self.adopt(relay_id, node_id, spawn_relay(self.group, relay_id, node_id, node_ip, self.namespace, **options),
+                   master=master)
+
+    def relay_options(self) -> dict[str, Any]:
+        """The ``Relay`` options of this group's relays (for a relay started by hand, then ``adopt``-ed)."""
+        with self._lock:
+            return dict(self._relay_options)
+
     def adopt(self, relay_id: str, node_id: str, handle: Any, master: bool = False) -> None:
-        """Add an already running relay (e.g. a restarted one) at the tail of the chain, or as its master."""
+        """Add an already running relay (e.g. a restarted one) at the tail of the chain, or as its master.
+
+        It must use this group's transport (``relay_options``; ``spawn_replacement`` starts one that does)."""
         import ray
 
         info = ray.get(handle.info.remote())

@@ -29,6 +29,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from typing import BinaryIO, Optional
 
 from verl_laminar.relay.transport import (
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = ("pip install mooncake-transfer-engine-non-cuda (mooncake-transfer-engine on CUDA nodes) and, on "
                 "Debian/Ubuntu, apt-get install -y libibverbs1 librdmacm1 libnuma1")
 PROTOCOLS = ("tcp", "rdma")
+_POLL_MIN_S, _POLL_MAX_S = 20e-6, 1e-3  # completion polling of one write
 
 
 class MooncakeUnavailable(RuntimeError):
@@ -103,10 +105,27 @@ class Engine:
             logger.warning("Mooncake could not unregister the buffer at %#x: returned %d", addr, ret)
 
     def write(self, session: str, local: int, remote: int, length: int) -> None:
-        ret = self.engine.transfer_sync_write(session, local, remote, length)
-        if ret != 0:
-            raise TransportError(f"Mooncake write of {length} bytes to {session} failed (returned {ret}): the peer "
-                                 "is gone or no longer exposes that buffer")
+        """One one-sided write, waited for by polling with a growing sleep.
+
+        Not ``transfer_sync_write``: it spins on the transfer status, and a relay runs at real-time priority on a
+        busy host, where that spin starves the engine's own I/O threads (a chunk then waits for the scheduler's
+        round-robin slice: hundreds of ms per chunk on 2 cores). The sleep adds at most ``_POLL_MAX_S`` per chunk.
+        """
+        batch = self.engine.transfer_submit_write(session, local, remote, length)
+        if batch < 0:
+            raise TransportError(f"Mooncake could not submit a write of {length} bytes to {session} (returned "
+                                 f"{batch}): the peer is gone")
+        delay = _POLL_MIN_S
+        while True:
+            status = self.engine.transfer_check_status(batch)
+            if status == 1:
+                return
+            if status < 0:
+                what = "timed out (MC_TRANSFER_TIMEOUT)" if status == -2 else "failed"
+                raise TransportError(f"Mooncake write of {length} bytes to {session} {what}: the peer is gone or no "
+                                     "longer exposes that buffer")
+            time.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX_S)
 
 
 class MooncakeChannel(TcpChannel):

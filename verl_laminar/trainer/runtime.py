@@ -150,7 +150,8 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     """The relay group: one relay per rollout node plus one on trainer rank 0's node, the master.
 
     ``replicas``: verl's rollout replicas (each with ``.workers``); None puts a relay on every alive node.
-    ``relay``: the typed ``laminar.relay`` section (``keep_versions``, ``chunk_mb``); None: their defaults.
+    ``relay``: the typed ``laminar.relay`` section (``keep_versions``, ``chunk_mb``, the transport, ``interface``);
+    None: their defaults (tcp, bound to each node's Ray address).
     Relays and stores an earlier, crashed run left behind are swept first.
     """
     import ray
@@ -177,11 +178,22 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     sweep_stale_relays(name, [n["NodeID"] for n in alive])
     keep = relay.keep_versions if relay is not None else KEEP_VERSIONS
     chunk_mb = relay.chunk_mb if relay is not None else None
+    transport = relay.transport_spec() if relay is not None else None
+    interface = relay.interface if relay is not None else None
     group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name)
-    plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb))
-    logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, chain %s", name,
-                len(nodes), len(alive), master, keep, chunk_mb, plan)
+    plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
+                                      transport=transport, interface=interface))
+    logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
+                "interface %s, chain %s", name, len(nodes), len(alive), master, keep, chunk_mb,
+                transport_label(transport), interface or "node address", plan)
     return group
+
+
+def transport_label(spec: Optional[Any]) -> str:
+    """``tcp``, or ``mooncake/<protocol>[ on <device>]``, for the start-up log of a ``TransportSpec``."""
+    if spec is None or spec.kind == "tcp":
+        return "tcp"
+    return f"mooncake/{spec.protocol}" + (f" on {spec.device}" if spec.device else "")
 
 
 def replica_relays(group: Any, replicas: list) -> dict:

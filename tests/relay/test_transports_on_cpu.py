@@ -1,0 +1,203 @@
+"""The relay chain over each transport (tcp, mooncake): pipelined broadcast, integrity, pull, torn transfers.
+
+Mooncake runs its own TCP data protocol here (``protocol: tcp``); on a cluster the same code takes ``rdma``.
+"""
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from verl_laminar.policy.chain import ChainPlan
+from verl_laminar.relay.client import pull
+from verl_laminar.relay.manifest import VersionManifest, crc32
+from verl_laminar.relay.publish import LocalHandle, Publisher
+from verl_laminar.relay.relay import Relay
+from verl_laminar.relay.tensors import publish_tensors, read_tensors
+from verl_laminar.relay.transport import PLACED, Frame, Kind, TcpTransport, TransportError, TransportSpec
+
+TRANSPORTS = ["tcp", "mooncake"]
+
+
+def _sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+@pytest.fixture(params=TRANSPORTS)
+def spec(request):
+    return TransportSpec(request.param)
+
+
+@pytest.fixture
+def chain(tmp_path, spec):
+    relays = [Relay(f"r{i}", root=str(tmp_path / f"r{i}"), io_timeout_s=5.0, transport=spec) for i in range(4)]
+    addrs = {r.relay_id: r.address() for r in relays}
+    plan = ChainPlan(relays=tuple(addrs), chunks=8)
+    for r in relays:
+        r.set_chain(plan, addrs)
+    yield relays
+    for r in relays:
+        r.close(destroy=True)
+
+
+def test_versions_reach_every_relay_whole(chain, spec):
+    assert all(r.transport.name == spec.kind for r in chain)
+    pub = Publisher(LocalHandle(chain[0]))
+    pub.prepare(1 << 20)
+    for v in (1, 2, 3, 4):  # from the third on, receivers recycle evicted pages
+        data = os.urandom(1 << 20)
+        pub.publish_bytes(v, data)
+        for r in chain:
+            assert r.wait_version(v, 10)
+            m, view = r.reader().open(v)
+            assert _sha(view) == _sha(data) and m.num_chunks == 8
+            view.release()
+    pub.close()
+    assert all(r.versions() == [3, 4] for r in chain)
+    assert all(r.timings(4)["source"] != "publish" for r in chain[1:])
+
+
+def test_pull_from_a_relay_of_either_transport(chain):
+    data = os.urandom(300_000)
+    Publisher(LocalHandle(chain[0])).publish_bytes(5, data)
+    assert chain[3].wait_version(5, 10)
+    m, view = pull(chain[3].address())  # PULL stays inline on the control stream for both transports
+    assert m.version == 5 and _sha(view) == _sha(data)
+
+
+def test_tensors_round_trip(chain):
+    torch.manual_seed(0)
+    named = [("a.weight", torch.randn(33, 7)), ("b.bias", torch.randn(5).to(torch.bfloat16))]
+    pub = Publisher(LocalHandle(chain[0]))
+    publish_tensors(pub, 1, named)
+    publish_tensors(pub, 2, [(n, t * 2) for n, t in named])
+    pub.close()
+    assert chain[-1].wait_version(2, 10)
+    m, view = chain[-1].reader().open(2)
+    got = dict(read_tensors(m, view))
+    assert all(torch.equal(got[n], t * 2) for n, t in named)
+
+
+def _begin(spec, relay, version, size=4096, chunk=1024):
+    """A hand-driven upstream: BEGIN, then the ACCEPT (and its buffer description) bound like a forwarder does."""
+    ch = spec.build().connect(relay.address())
+    m = VersionManifest(version=version, total_bytes=size, chunk_size=chunk)
+    ch.send(Frame(Kind.BEGIN, version=version), m.with_checksums(()).to_json().encode())
+    reply = ch.recv_header()
+    assert reply.kind == Kind.ACCEPT
+    ch.bind_peer(ch.recv_payload(reply.length) if reply.length else b"")
+    return ch, m
+
+
+def test_torn_transfers_never_become_readable(tmp_path, spec):
+    r = Relay("solo", root=str(tmp_path / "solo"), transport=spec, io_timeout_s=5.0)
+    src = tmp_path / "src.data"
+    data = os.urandom(4096)
+    src.write_bytes(data)
+    try:
+        ch, m = _begin(spec, r, 1)  # a chunk whose bytes do not match its CRC
+        with open(src, "rb", buffering=0) as f:
+            ch.send_file(Frame(Kind.CHUNK, version=1, index=0, crc=crc32(data[:1024]) ^ 1), f, 0, 1024)
+        ch.close()
+        ch, m = _begin(spec, r, 2)  # an upstream that dies after two good chunks
+        with open(src, "rb", buffering=0) as f:
+            for i in (0, 1):
+                off, n = m.chunk_span(i)
+                ch.send_file(Frame(Kind.CHUNK, version=2, index=i, crc=crc32(data[off:off + n])), f, off, n)
+        ch.close()
+        assert not r.wait_version(1, 0.5)
+        assert r.versions() == [] and r.progress() == {}
+        ch, m = _begin(spec, r, 3)  # and a whole one does
+        with open(src, "rb", buffering=0) as f:
+            for i in range(m.num_chunks):
+                off, n = m.chunk_span(i)
+                ch.send_file(Frame(Kind.CHUNK, version=3, index=i, crc=crc32(data[off:off + n])), f, off, n)
+        ch.send(Frame(Kind.END, version=3))
+        assert ch.recv_header().kind == Kind.END
+        ch.close()
+        m3, view = r.reader().open(3)
+        assert bytes(view) == data
+        view.release()
+    finally:
+        r.close(destroy=True)
+
+
+def test_mooncake_chunks_are_placed_not_streamed(tmp_path):
+    """Over mooncake a CHUNK header carries PLACED and no payload bytes follow it on the control stream."""
+    r = Relay("solo", root=str(tmp_path / "solo"), transport=TransportSpec("mooncake"), io_timeout_s=5.0)
+    try:
+        ch, m = _begin(TransportSpec("mooncake"), r, 1, size=1 << 20, chunk=1 << 20)
+        sent = []
+
+        class Counting:  # the control socket, counting what is written to it
+            def __init__(self, sock):
+                self._sock = sock
+
+            def __getattr__(self, name):
+                return getattr(self._sock, name)
+
+            def sendall(self, b, *a):
+                sent.append(len(b))
+                return self._sock.sendall(b, *a)
+
+        ch.sock = Counting(ch.sock)
+        src = tmp_path / "src.data"
+        data = os.urandom(1 << 20)
+        src.write_bytes(data)
+        with open(src, "rb", buffering=0) as f:
+            ch.send_file(Frame(Kind.CHUNK, version=1, index=0, crc=crc32(data)), f, 0, len(data))
+        ch.send(Frame(Kind.END, version=1))
+        assert ch.recv_header().kind == Kind.END
+        assert max(sent) < 64  # headers only: the megabyte went by one-sided write
+        m1, view = r.reader().open(1)
+        assert bytes(view) == data
+        view.release()
+    finally:
+        r.close(destroy=True)
+
+
+def test_a_tcp_sender_refuses_a_one_sided_accept():
+    class Sock:  # TcpChannel only needs a socket to exist for bind_peer
+        pass
+
+    from verl_laminar.relay.transport import TcpChannel
+
+    ch = TcpChannel(Sock(), "peer:1")
+    with pytest.raises(TransportError, match="same laminar.relay.transport"):
+        ch.bind_peer(b'{"session": "x:1", "addr": 1, "len": 1}')
+    ch.bind_peer(b"")  # a tcp ACCEPT
+
+
+def test_placed_flag_is_outside_every_kind():
+    kinds = [v for k, v in vars(Kind).items() if not k.startswith("_")]
+    assert all(k & PLACED == 0 for k in kinds) and max(kinds) < PLACED
+
+
+def test_mooncake_missing_names_the_install_line(monkeypatch):
+    import builtins
+
+    from verl_laminar.relay import mooncake
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "mooncake.engine":
+            raise ImportError("libibverbs.so.1: cannot open shared object file")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(mooncake.MooncakeUnavailable, match="apt-get install -y libibverbs1 librdmacm1 libnuma1"):
+        TransportSpec("mooncake").build()
+
+
+def test_spec_rejects_what_cannot_work():
+    with pytest.raises(ValueError, match="must be one of"):
+        TransportSpec("udp")
+    with pytest.raises(ValueError, match="tcp transport"):
+        TransportSpec("mooncake", rate_bytes_per_s=1e6)
+    from verl_laminar.relay.mooncake import MooncakeTransport
+
+    with pytest.raises(ValueError, match="laminar.relay.protocol"):
+        MooncakeTransport("ib")
+    assert isinstance(TransportSpec().build(), TcpTransport)
