@@ -208,7 +208,10 @@ class Bench:
             self.procs.remove(pr)
 
 
-def _plot(by_transport: dict[str, list[dict]], path: str) -> None:
+def _plot(by_transport: dict[str, list[dict]], path: str, source: Optional[dict] = None,
+          source_name: Optional[str] = None) -> None:
+    """The sweep's picture; with ``source`` (the result's provenance) its PNG text names the result JSON and carries
+    its date and commit, as the report's pictures do (tests/report checks committed ones)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,8 +235,27 @@ def _plot(by_transport: dict[str, list[dict]], path: str) -> None:
     ax.set_ylim(0, top * 1.3)
     ax.set_title(f"chain broadcast of {first[0]['bytes'] // MB} MB at {first[0]['link_mbps']} Mbit/s per link")
     ax.legend(fontsize=7)
+    meta = None
+    if source is not None:
+        ax.text(0.01, 0.01, f"commit {str(source.get('commit'))[:12]}, {source.get('date')}"
+                + (f", from {source_name}" if source_name else ""), transform=fig.transFigure, fontsize=6,
+                color="gray")
+        desc = {"date": source.get("date"), "commit": source.get("commit"), "picture": "relay_sweep"}
+        meta = {"Title": "relay_sweep", "Description": json.dumps(desc, sort_keys=True)}
+        if source_name:
+            meta["Source"] = source_name
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=meta)
+    plt.close(fig)
+
+
+def write_sweep_picture(saved, result: dict) -> str:
+    """Draw the sweep of a saved result beside it (``<stem>.png``) and list it in the result; returns its name."""
+    rows = {t: r for t, r in result["transports"].items()}
+    png = saved.with_suffix(".png")
+    _plot(rows, str(png), result, saved.name)
+    result["pictures"] = [png.name]
+    return png.name
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -332,6 +354,8 @@ def main(argv=None) -> int:
         with open(os.path.join(a.out, "relay_sweep.json"), "w") as f:
             json.dump(result, f, indent=2)
     if saved is not None:
+        if a.sweep:
+            write_sweep_picture(saved, result)
         saved.write_text(json.dumps(result, indent=2) + "\n")
     if a.json:
         print(json.dumps(result, indent=2))
