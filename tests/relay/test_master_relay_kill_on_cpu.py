@@ -1,5 +1,6 @@
 """Kill the master relay's process (SIGKILL by PID): the chain gets a new master and the same trainer
-engine keeps publishing; earlier versions stay readable and the dead master's rollouts fall back."""
+engine keeps publishing; earlier versions stay readable and the dead master's rollouts fall back. Over each
+transport."""
 
 import asyncio
 import os
@@ -14,18 +15,21 @@ import ray  # noqa: E402
 pytestmark = pytest.mark.e2e  # a local Ray cluster starts in ~20-40 s on 2 cores
 
 from verl_laminar.relay.group import RelayGroup  # noqa: E402
+from verl_laminar.relay.transport import TransportSpec  # noqa: E402
 from verl_laminar.relay.verl_backend import RelayCheckpointEngine  # noqa: E402
 
 GROUP = "mastertest_group"
 
 
-@pytest.fixture(scope="module")
-def group():
+@pytest.fixture(scope="module", params=["tcp", "mooncake"])
+def group(request):
+    """Relay actors over each transport (``laminar.relay.transport``), as the trainer's relay group starts them."""
     ray.init(num_cpus=4, include_dashboard=False, namespace=f"mastertest-{uuid.uuid4().hex[:6]}")
     node = ray.get_runtime_context().get_node_id()
     ip = ray.util.get_node_ip_address()
     g = ray.remote(RelayGroup).options(name=GROUP, max_concurrency=8).remote(GROUP)
-    ray.get(g.spawn.remote({f"r{i}": (node, ip) for i in range(3)}, master="r0", chunks=8))
+    ray.get(g.spawn.remote({f"r{i}": (node, ip) for i in range(3)}, master="r0", chunks=8,
+                           transport=TransportSpec(request.param)))
     yield g
     ray.get(g.shutdown.remote())
     ray.shutdown()
@@ -52,7 +56,9 @@ def _assert_reads(rid, version, scale):
         assert torch.equal(got[name], t), f"{name} of version {version} differs on relay {rid}"
 
 
-def test_master_killed_new_master_takes_publishes(group):
+def test_master_killed_new_master_takes_publishes(group, request):
+    want = request.node.callspec.params["group"]
+    assert {ray.get(_relay(group, r).info.remote())["transport"] for r in ("r0", "r1", "r2")} == {want}
     trainer = _engine(is_master=True)
     asyncio.run(trainer.send_weights(iter(_weights(1.0)), global_steps=1))
     assert trainer.relay_id == "r0"

@@ -6,6 +6,11 @@ learned the hermes format; see verl_laminar/rollout/guided_tool_agent_loop.py), 
 the code interpreter runs it in the bubblewrap sandbox, the tool output is appended and the model answers. Asserts
 that every trajectory made a tool call and got its output back, that all turns of every trajectory came from one
 weight version (the trainer checks every sample; verl's own span metric is 1), and that both steps trained.
+
+The relay group starts with ``laminar.relay.transport=mooncake`` here (the math e2e run uses tcp): the key goes
+through verl's composed config, the typed section and the relay actor, whose Mooncake engine starts. On this one node
+the group is the master relay alone, so no chunk crosses a hop; the Mooncake hop under Ray and verl's checkpoint
+engine is tests/relay/test_master_relay_kill_on_cpu.py.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def tool_run(tiny_model_dir, tmp_path_factory):
            "REPLICAS": "2", "RESP": "128", "MICRO": "4", "OUT": str(out), "MODEL": str(tiny_model_dir),
            "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
-                           f"trainer.rollout_data_dir={out / 'rollouts'}"],  # verl dumps every trained sample
+                           f"trainer.rollout_data_dir={out / 'rollouts'}",  # verl dumps every trained sample
+                           "laminar.relay.transport=mooncake"],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
     (out / "log.txt").write_text(log)
@@ -63,6 +69,11 @@ def test_both_steps_train_every_trajectory_checked_one_version(tool_run):
     assert last["laminar/invariant/checked_trajectories"] >= STEPS * BATCH * GROUP
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step  # every turn from one weight version
+
+
+def test_the_relay_group_started_over_mooncake(tool_run):
+    log, _, _ = tool_run
+    assert "transport mooncake/tcp" in log  # the relay group's start-up line
 
 
 def test_every_trajectory_called_the_tool_and_got_its_output(tool_run):

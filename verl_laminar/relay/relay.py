@@ -110,7 +110,8 @@ class Relay:
         failure = self._memory_error
         return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
                 "newest": self.store.newest(), "versions": self.store.versions(), "keep_versions": self.store.keep,
-                "memory_error": str(failure[1]) if failure else None}
+                "memory_error": str(failure[1]) if failure else None,
+                "transport": getattr(self.transport, "name", type(self.transport).__name__)}
 
     def ping(self) -> str:
         return self.relay_id
