@@ -66,7 +66,9 @@ def _address(buf) -> int:
 
 def load_engine_class():
     """``mooncake.engine.TransferEngine``, or ``MooncakeUnavailable`` with the install line."""
-    os.environ.setdefault("GLOG_minloglevel", "2")  # the engine's INFO/WARNING lines are not ours to print
+    # the engine's INFO/WARNING lines (per connection, per segment) would flood a job's log; errors still show, and
+    # every failure that matters also comes back as a return code this module turns into an exception
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:
         from mooncake.engine import TransferEngine
     except ImportError as e:
