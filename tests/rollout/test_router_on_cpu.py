@@ -429,3 +429,20 @@ def test_a_refresh_waits_until_the_relay_has_committed_the_version():
         assert router.versions() == {0: 1} and tries == [0, 1] and relay.calls >= 3
 
     asyncio.run(main())
+
+
+def test_open_groups_on_counts_what_a_death_would_move_or_lose():
+    """Fault injection kills a replica once this is > 0: open groups with responses still to generate."""
+    async def main():
+        router, servers, loads = make_router(gpb=2)
+        await router.start(0)
+        a = await router.assign_group("g0", 2)
+        rid = a.replica_id
+        assert router.open_groups_on(rid) == 1 and router.open_groups_on(1 - rid) == 0
+        for i in range(2):  # every response generated: the group is still open (being stored) but complete
+            await router.trajectory_finished(f"g0_{i}", "g0", 3, 5)
+        assert router.open_groups_on(rid) == 0
+        await router.finish_group("g0")
+        assert router.open_groups_on(rid) == 0
+
+    asyncio.run(main())

@@ -56,11 +56,19 @@ class ReplicaFailover:
             logger.warning("replica %d does not answer a probe: %r", replica_id, e)
             return False
 
+    def _complete_groups(self) -> set[str]:
+        """Groups whose every response has been generated (still open while rewarded and stored)."""
+        return {g for g, done in self._group_finished.items() if done >= self._group_n.get(g, done + 1)}
+
+    def open_groups_on(self, replica_id: int) -> int:
+        """Groups on the replica that a death now would move or lose (fault injection waits for one)."""
+        return len(set(self._state.replica(replica_id).open_groups) - self._complete_groups())
+
     def _fail(self, replica_id: int, error: str) -> None:
         """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
         if not self._state.replica(replica_id).alive:
             return
-        complete = {g for g, done in self._group_finished.items() if done >= self._group_n.get(g, done + 1)}
+        complete = self._complete_groups()
         self._state, loss = fail_replica(self._state, replica_id, self._group_n, self._assigned_s,
                                          self._inflight, self._clock(), complete=complete)
         self._lost.update(loss.lost)

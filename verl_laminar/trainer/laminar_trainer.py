@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import ray
@@ -161,11 +162,12 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def on_step_end(self) -> None:
         if self.prev_step_profile:
             self._stop_rollout_profiling()
+        self._land_armed_kill()  # a replica kill armed after the previous step lands before this step publishes
         self._pending_sync_metrics = self._publish(int(self.global_steps))
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
         fi = self.laminar.fault_injection
         if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
-            self._kill_replica_mid_generation(fi.kill_replica)
+            self._arm_replica_kill(fi.kill_replica)
         if fi.kill_trainer_after_step is not None and int(self.global_steps) == fi.kill_trainer_after_step:
             import signal
 
@@ -174,17 +176,40 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _kill_replica_mid_generation(self, replica_id: int, wait_s: float = 60.0) -> None:
-        """Fault injection: wait (up to ``wait_s``) until the replica has requests in flight, then kill it, so
-        the kill strikes mid-generation rather than between two of its batches."""
-        deadline = time.monotonic() + wait_s
-        while ray.get(self.router.inflight_on.remote(replica_id)) == 0:
-            if time.monotonic() > deadline:
-                logger.warning("laminar.fault_injection: replica %d had no request in flight for %.0f s; killing it "
-                               "anyway", replica_id, wait_s)
-                break
-            time.sleep(0.05)
-        runtime.kill_replica(next(r for r in self._replicas if r.replica_id == replica_id))
+    def _arm_replica_kill(self, replica_id: int, wait_s: float = 60.0) -> None:
+        """Fault injection: kill the replica, from a thread, once it holds groups that a death moves or loses, so
+        the kill strikes mid-generation rather than between two of its batches.
+
+        Not in this call: the trainer drives the next batch's generation only after the step ends, so a wait here
+        could see no new work. Not on "requests in flight" either: the last requests of a batch could finish while
+        the kill was under way (finding the PIDs takes several Ray calls), and the replica died idle. So the PIDs
+        are found first, the thread asks the router for open, unfinished groups on the replica and signals at once
+        on the answer; the next step's end (``_land_armed_kill``) kills it before publishing if it has not fired.
+        """
+        replica = next(r for r in self._replicas if r.replica_id == replica_id)
+        pids = runtime.replica_pids(replica)
+        now = threading.Event()
+
+        def kill_when_busy() -> None:
+            deadline = time.monotonic() + wait_s
+            while not now.is_set() and ray.get(self.router.open_groups_on.remote(replica_id)) == 0:
+                if time.monotonic() > deadline:
+                    logger.warning("laminar.fault_injection: replica %d held no unfinished group for %.0f s; killing "
+                                   "it anyway", replica_id, wait_s)
+                    break
+                time.sleep(0.02)
+            runtime.kill_replica(replica, pids)
+
+        thread = threading.Thread(target=kill_when_busy, name="laminar-fault-injection", daemon=True)
+        thread.start()
+        self._armed_kill = (thread, now)
+
+    def _land_armed_kill(self) -> None:
+        armed, self._armed_kill = getattr(self, "_armed_kill", None), None
+        if armed is not None:
+            thread, now = armed
+            now.set()
+            thread.join()
 
     # ---- waits and accounting ----
     def on_sample_begin(self) -> None:
