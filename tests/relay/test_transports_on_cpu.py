@@ -142,3 +142,15 @@ def test_spec_rejects_what_cannot_work():
     with pytest.raises(ValueError, match="laminar.relay.protocol"):
         MooncakeTransport("ib")
     assert isinstance(TransportSpec().build(), TcpTransport)
+
+
+@pytest.mark.parametrize("waited_s, want_s", [
+    (0.0, 20e-6),  # the floor: a fresh write is checked again soon
+    (1e-3, 1e-4),  # a tenth of the wait so far
+    (5e-3, 5e-4),
+    (0.5, 1e-3),  # the ceiling: a long write is never more than 1 ms late
+])
+def test_poll_delay_is_a_tenth_of_the_wait_within_bounds(waited_s, want_s):
+    from verl_laminar.relay.mooncake import poll_delay
+
+    assert poll_delay(waited_s) == pytest.approx(want_s)

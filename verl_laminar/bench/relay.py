@@ -251,9 +251,8 @@ def _plot(by_transport: dict[str, list[dict]], path: str, source: Optional[dict]
 
 def write_sweep_picture(saved, result: dict) -> str:
     """Draw the sweep of a saved result beside it (``<stem>.png``) and list it in the result; returns its name."""
-    rows = {t: r for t, r in result["transports"].items()}
     png = saved.with_suffix(".png")
-    _plot(rows, str(png), result, saved.name)
+    _plot(dict(result["transports"]), str(png), result, saved.name)
     result["pictures"] = [png.name]
     return png.name
 

@@ -55,6 +55,12 @@ class MooncakeUnavailable(RuntimeError):
     """Mooncake's Transfer Engine cannot be imported or started here; the message names the install line."""
 
 
+def poll_delay(waited_s: float) -> float:
+    """Sleep before the next completion check of a write waited on for ``waited_s`` (pure): a tenth of the wait so
+    far, so a chunk is noticed within ~10% of its own duration, within [_POLL_MIN_S, _POLL_MAX_S]."""
+    return min(_POLL_MAX_S, max(_POLL_MIN_S, 0.1 * waited_s))
+
+
 def _address(buf) -> int:
     """Base address of a writable buffer (an mmap or a memoryview of one), without keeping an export on it."""
     c = ctypes.c_char.from_buffer(buf)
@@ -127,8 +133,7 @@ class Engine:
                 what = "timed out (MC_TRANSFER_TIMEOUT)" if status == -2 else "failed"
                 raise TransportError(f"Mooncake write of {length} bytes to {session} {what}: the peer is gone or no "
                                      "longer exposes that buffer")
-            # a tenth of the time spent so far: a chunk is noticed within ~10% of its own duration
-            time.sleep(min(_POLL_MAX_S, max(_POLL_MIN_S, 0.1 * (time.perf_counter() - t0))))
+            time.sleep(poll_delay(time.perf_counter() - t0))
 
 
 class MooncakeChannel(TcpChannel):

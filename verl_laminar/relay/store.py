@@ -321,7 +321,8 @@ class RelayStore:
             if recycled is not None and spare is not None:
                 # a publish: the evicted version's pages become the next publish's spare, so the spare the relay
                 # prepares after this publish is already there (no fresh pages to zero while the chain runs)
-                recycled = self._recycle_as_spare(recycled, size)
+                self._recycle_as_spare(recycled, size)
+                recycled = None
         if recycled is not None:
             logger.debug("relay store %s receives version %d into recycled pages", self.root, manifest.version)
             try:
@@ -425,7 +426,6 @@ class RelayStore:
         os.replace(warm.path, path)
         warm.close()  # the publisher maps the spare itself; closing the descriptor drops the exclusive lock
         self._spares[size] = path
-        return None
 
     def _close_warm(self) -> None:
         for warm in self._warm.values():
