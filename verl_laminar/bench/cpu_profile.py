@@ -1,0 +1,306 @@
+"""Micro benchmarks of this machine kind, the inputs of the simulator's ``cpu`` profile (``sim.cpu``).
+
+    python -m verl_laminar.bench.cpu_profile --json [--results docs/results] [--window-s 12]
+
+Everything runs on the fixture model with the settings of the CPU recipes (vLLM bf16, eager, a 256 MiB KV
+cache, 32 sequences; the trainer in fp32 with bf16 autocast, one thread per rank, as Ray gives a verl
+worker that asks for no CPUs). One process tree, measured in phases separated by barriers, each phase a
+fixed window in which the named workers loop and the others sleep:
+
+- ``engine``: engine 0 alone -- decode step time vs batch (1, 2, 4, 8 sequences) at two context lengths,
+  prefill time per prompt token, and the time to load a full weight set through ``collective_rpc``;
+- ``decode_1`` / ``decode_2`` / ``decode_4`` / ``train_1_decode_*``: the same decode loop (batch 4) on engine
+  0 alone, beside engine 1, beside engines 1-3, and beside one trainer rank (and engine 1): the co-run
+  slowdowns of a decode step;
+- ``train_1`` / ``train_1_decode_1`` / ``train_1_decode_2``: one trainer rank's update (forward, backward,
+  AdamW) alone, beside one and beside two decoding engines; ``train_2``: two ranks over gloo (gradients
+  all-reduced, as FSDP reduce-scatters them), alone; ``fwd_1`` / ``fwd_2``: the forward-only log-prob pass.
+
+Nothing here is fitted to an end-to-end run: the simulator predicts the end-to-end benchmarks from these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from verl_laminar.bench.provenance import claim_result_path, provenance
+
+logger = logging.getLogger("verl_laminar.bench.cpu_profile")
+
+ENGINE_KV_BYTES = 256 << 20  # recipes/cpu/common.sh KV_BYTES
+ENGINE_MAX_SEQS = 32  # recipes/cpu/common.sh rollout.max_num_seqs
+DECODE_BATCHES = (1, 2, 4, 8)
+CORUN_BATCH = 4  # a replica's share of the paper workload's 8 trajectories over 2 replicas
+LONG_PROMPT = 1024  # the second context length of the decode profile; the paper workload reaches ~2K
+TRAIN_SEQ_TOKENS = 512  # a prompt plus a mean-length response of the paper workload is ~420 tokens
+TRAIN_SEQS = 8  # the paper workload trains 8 trajectories per step
+TRAIN_MICRO = 2  # its micro-batch per rank
+
+# (phase, workers that run in it); workers: e0-e3 (engines), t0, t1 (trainer ranks)
+PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("engine", ("e0",)),
+    ("decode_1", ("e0",)),
+    ("decode_2", ("e0", "e1")),
+    ("decode_4", ("e0", "e1", "e2", "e3")),
+    ("train_1", ("t0",)),
+    ("fwd_1", ("t0",)),
+    ("train_1_decode_1", ("t0", "e0")),
+    ("train_1_decode_2", ("t0", "e0", "e1")),
+    ("train_2", ("t0", "t1")),
+    ("fwd_2", ("t0", "t1")),
+)
+# phases whose name says what the engines or trainers do there
+_TRAIN_PHASES = {"train_1", "train_1_decode_1", "train_1_decode_2", "train_2"}
+_FWD_PHASES = {"fwd_1", "fwd_2"}
+
+
+def _prompt(n: int) -> dict:
+    # chat-template start then digits: any token ids do, the engine does not read them
+    return {"prompt_token_ids": [151644, 872, 198] + [16] * max(0, n - 3)}
+
+
+def _engine_profile(llm: Any, model_dir: str, repeats: int) -> dict:
+    """Decode step vs batch and context, prefill per token, weight-load time (engine alone)."""
+    from vllm import SamplingParams
+
+    def run(b: int, prompt: int, n: int) -> float:
+        sp = SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+        t0 = time.perf_counter()
+        llm.generate([_prompt(prompt)] * b, sp, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    short, long_ = 16, 80
+    decode: dict[str, dict[str, float]] = {}
+    for prompt in (16, LONG_PROMPT):
+        row = {}
+        for b in DECODE_BATCHES:
+            row[str(b)] = median([(run(b, prompt, long_) - run(b, prompt, short)) / (long_ - short)
+                                  for _ in range(repeats)])
+        # the context during the measured steps: prompt plus the tokens generated so far (midpoint)
+        decode[str(prompt + (short + long_) // 2)] = row
+        logger.info("decode step at context %d: %s", prompt, {k: round(v * 1e3, 2) for k, v in row.items()})
+    prefill = {}
+    for b in (1, 4):
+        t_long = median([run(b, LONG_PROMPT, 1) for _ in range(repeats)])
+        t_short = median([run(b, 16, 1) for _ in range(repeats)])
+        prefill[str(b)] = (t_long - t_short) / ((LONG_PROMPT - 16) * b)
+    logger.info("prefill per token: %s", prefill)
+    from verl_laminar.bench.repack import version_blobs
+    from verl_laminar.rollout.engine_replica import _load_blob
+
+    blob = version_blobs(model_dir, 2)[1]
+    loads = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        llm.collective_rpc(_load_blob, args=(blob,))
+        loads.append(time.perf_counter() - t0)
+    logger.info("weight load: %.3f s for %d bytes", median(loads), len(blob))
+    return {"decode_step_s": decode, "prefill_s_per_token": prefill, "weight_load_s": median(loads),
+            "weight_bytes": len(blob)}
+
+
+def _decode_loop(llm: Any, window_s: float) -> dict:
+    """Batches of CORUN_BATCH sequences, 64 tokens each, until the window ends: seconds per decode step."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=1.0, max_tokens=64, min_tokens=64, ignore_eos=True)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < window_s:
+        llm.generate([_prompt(16)] * CORUN_BATCH, sp, use_tqdm=False)
+        steps += 64
+    return {"step_s": (time.perf_counter() - t0) / steps, "steps": steps}
+
+
+def _quiet_stdout() -> None:
+    """vLLM logs to stdout; the parent's stdout carries the JSON, so a worker's goes to stderr."""
+    os.dup2(2, 1)
+
+
+def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, barrier: Any, out: Any) -> None:
+    _quiet_stdout()
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends a function
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
+    from vllm import LLM
+
+    llm = LLM(model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=2048, max_num_seqs=ENGINE_MAX_SEQS,
+              kv_cache_memory_bytes=ENGINE_KV_BYTES, seed=0)
+    _decode_loop(llm, 1.0)  # warm-up
+    for phase, members in PHASES:
+        barrier.wait()
+        if name not in members:
+            continue
+        if phase == "engine":
+            out.put((phase, name, _engine_profile(llm, model_dir, repeats)))
+        else:
+            out.put((phase, name, _decode_loop(llm, window_s)))
+    barrier.wait()
+
+
+def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: int, barrier: Any, out: Any) -> None:
+    _quiet_stdout()
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)  # Ray sets OMP_NUM_THREADS=1 for a worker that asks for no CPUs
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, model.config.vocab_size, (TRAIN_SEQS, TRAIN_SEQ_TOKENS), generator=g)
+
+    def update(world: int, backward: bool) -> int:
+        mine = ids[rank::world] if world > 1 else ids
+        for i in range(0, len(mine), TRAIN_MICRO):
+            mb = mine[i:i + TRAIN_MICRO]
+            with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(backward):
+                logits = model(input_ids=mb).logits
+                logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, mb.unsqueeze(-1)).mean()
+            if backward:
+                (-logp).backward()
+        if backward:
+            if world > 1:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return mine.numel() * world  # tokens of the whole step
+
+    update(1, True)  # warm-up
+    for phase, members in PHASES:
+        barrier.wait()
+        if name not in members:
+            continue
+        world = 2 if phase in ("train_2", "fwd_2") else 1
+        backward = phase not in _FWD_PHASES
+        tokens, n, t0 = 0, 0, time.perf_counter()
+        while time.perf_counter() - t0 < window_s or n == 0:
+            tokens += update(world, backward)
+            n += 1
+        wall = time.perf_counter() - t0
+        out.put((phase, name, {"s_per_token": wall / tokens, "updates": n, "tokens_per_update": tokens / n}))
+    barrier.wait()
+    dist.destroy_process_group()
+
+
+def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> dict:
+    ctx = mp.get_context("spawn")
+    engines = ("e0", "e1", "e2", "e3")
+    barrier, out = ctx.Barrier(len(engines) + 2, timeout=timeout_s), ctx.Queue()
+    import socket
+
+    with socket.socket() as s:  # a free loopback port for gloo's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out), name=n)
+             for n in engines]
+    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out), name=n)
+              for r, n in enumerate(("t0", "t1"))]
+    for p in procs:
+        p.start()
+    results: dict[str, dict[str, Any]] = {}
+    expected = sum(len(m) for _, m in PHASES)
+    try:
+        deadline = time.monotonic() + timeout_s + window_s * len(PHASES) * 3
+        while sum(len(v) for v in results.values()) < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cpu profile: {results.keys()} after {timeout_s:.0f} s; a worker is stuck")
+            if not all(p.is_alive() for p in procs) and out.empty():
+                dead = [p.name for p in procs if not p.is_alive()]
+                raise RuntimeError(f"cpu profile worker(s) {dead} exited early (exit codes "
+                                   f"{[p.exitcode for p in procs if not p.is_alive()]}); see the log above")
+            try:
+                phase, name, rec = out.get(timeout=5.0)
+            except Exception:  # queue.Empty: poll the workers again
+                continue
+            results.setdefault(phase, {})[name] = rec
+            logger.info("%s %s: %s", phase, name, rec if phase != "engine" else "done")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def summarize(raw: dict) -> dict:
+    """The profile the simulator reads: solo costs and co-run slowdowns (each a ratio of two windows)."""
+    eng = raw["engine"]["e0"]
+    solo = raw["decode_1"]["e0"]["step_s"]
+    t1 = raw["train_1"]["t0"]["s_per_token"]
+    return {
+        "decode_step_s": eng["decode_step_s"],
+        "prefill_s_per_token": eng["prefill_s_per_token"],
+        "weight_load_s": eng["weight_load_s"],
+        "weight_bytes": eng["weight_bytes"],
+        "corun_batch": CORUN_BATCH,
+        "decode_solo_step_s": solo,
+        # slowdown of a decode step with k CPU-busy processes in all (itself included)
+        "decode_slowdown": {
+            "1": 1.0,
+            "2": raw["decode_2"]["e0"]["step_s"] / solo,
+            "4": raw["decode_4"]["e0"]["step_s"] / solo,
+            "3": raw["train_1_decode_2"]["e0"]["step_s"] / solo,
+            "2_with_trainer": raw["train_1_decode_1"]["e0"]["step_s"] / solo,
+        },
+        "train_s_per_token": {"1": t1, "2": raw["train_2"]["t0"]["s_per_token"]},
+        "forward_s_per_token": {"1": raw["fwd_1"]["t0"]["s_per_token"], "2": raw["fwd_2"]["t0"]["s_per_token"]},
+        "train_slowdown": {
+            "1": 1.0,
+            "2": raw["train_1_decode_1"]["t0"]["s_per_token"] / t1,
+            "3": raw["train_1_decode_2"]["t0"]["s_per_token"] / t1,
+        },
+        "train_settings": {"seq_tokens": TRAIN_SEQ_TOKENS, "seqs": TRAIN_SEQS, "micro_batch": TRAIN_MICRO,
+                           "threads_per_rank": 1, "dtype": "float32 + bf16 autocast"},
+        "engine_settings": {"dtype": "bfloat16", "kv_cache_bytes": ENGINE_KV_BYTES, "max_num_seqs": ENGINE_MAX_SEQS,
+                            "enforce_eager": True},
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verl_laminar.bench.cpu_profile", description=__doc__.split("\n")[0])
+    ap.add_argument("--window-s", type=float, default=12.0, help="seconds each co-run phase measures")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of each engine micro benchmark (median)")
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="the most any phase barrier waits")
+    ap.add_argument("--model", default=None, help="default: the fixture model")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/<results-name>_<date>.json")
+    ap.add_argument("--results-name", default="cpu_profile")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    prov = provenance(argv, "verl_laminar.bench.cpu_profile")
+    path = None
+    if args.results:
+        try:
+            path = claim_result_path(args.results, args.results_name, prov)
+        except FileExistsError as e:
+            ap.error(str(e))
+    if args.model is None:
+        from verl_laminar.fixtures import model_dir
+
+        args.model = str(model_dir())
+    t0 = time.perf_counter()
+    raw = measure(args.model, args.window_s, args.repeats, args.timeout_s)
+    record = {**prov, "profile": summarize(raw), "raw": raw, "runtime_s": round(time.perf_counter() - t0, 1)}
+    if path is not None:
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        logger.info("wrote %s", path)
+    if args.json:
+        sys.stdout.write(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
