@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from typing import Any, Optional
@@ -123,8 +124,10 @@ def _decode_loop(llm: Any, window_s: float) -> dict:
 
 
 def _quiet_stdout() -> None:
-    """vLLM logs to stdout; the parent's stdout carries the JSON, so a worker's goes to stderr."""
+    """vLLM logs to stdout; the parent's stdout carries the JSON, so a worker's goes to stderr. A process
+    group of its own, so the parent can end the engine-core processes vLLM starts beneath it."""
     os.dup2(2, 1)
+    os.setpgid(0, 0)
 
 
 def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, barrier: Any, out: Any) -> None:
@@ -230,8 +233,11 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> 
     finally:
         for p in procs:
             p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+        for p in procs:  # the worker and whatever it started (vLLM's engine core outlives a killed LLM)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     return results
 
 
