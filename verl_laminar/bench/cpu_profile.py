@@ -43,6 +43,7 @@ LONG_PROMPT = 1024  # the second context length of the decode profile; the paper
 TRAIN_SEQ_TOKENS = 512  # a prompt plus a mean-length response of the paper workload is ~420 tokens
 TRAIN_SEQS = 8  # the paper workload trains 8 trajectories per step
 TRAIN_MICRO = 2  # its micro-batch per rank
+MIN_UPDATES = 3  # a trainer phase measures at least this many updates (the median is reported)
 
 # (phase, workers that run in it); workers: e0-e3 (engines), t0, t1 (trainer ranks)
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -111,16 +112,26 @@ def _engine_profile(llm: Any, model_dir: str, repeats: int) -> dict:
             "weight_bytes": len(blob)}
 
 
-def _decode_loop(llm: Any, window_s: float) -> dict:
-    """Batches of CORUN_BATCH sequences, 64 tokens each, until the window ends: seconds per decode step."""
+def _lead(members: tuple[str, ...]) -> str:
+    """The worker that ends a phase: its trainer if it has one (an update is the longest unit), else e0."""
+    return next((m for m in members if m.startswith("t")), members[0])
+
+
+def _decode_loop(llm: Any, window_s: float, stop: Any, lead: bool) -> dict:
+    """Batches of CORUN_BATCH sequences, 64 tokens each, until the phase ends: seconds per decode step.
+
+    The lead ends the phase after ``window_s``; the others loop until it does, so co-runners overlap for
+    the whole of every measured window."""
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=1.0, max_tokens=64, min_tokens=64, ignore_eos=True)
     steps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < window_s:
+    while (time.perf_counter() - t0 < window_s) if lead else not stop.is_set():
         llm.generate([_prompt(16)] * CORUN_BATCH, sp, use_tqdm=False)
         steps += 64
-    return {"step_s": (time.perf_counter() - t0) / steps, "steps": steps}
+    if lead:
+        stop.set()
+    return {"step_s": (time.perf_counter() - t0) / max(steps, 1), "steps": steps}
 
 
 def _quiet_stdout() -> None:
@@ -130,7 +141,8 @@ def _quiet_stdout() -> None:
     os.setpgid(0, 0)
 
 
-def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, barrier: Any, out: Any) -> None:
+def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, barrier: Any, out: Any,
+                   stops: dict) -> None:
     _quiet_stdout()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends a function
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
@@ -138,7 +150,8 @@ def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, bar
 
     llm = LLM(model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=2048, max_num_seqs=ENGINE_MAX_SEQS,
               kv_cache_memory_bytes=ENGINE_KV_BYTES, seed=0)
-    _decode_loop(llm, 1.0)  # warm-up
+    warm = type("Stop", (), {"is_set": lambda self: True, "set": lambda self: None})()
+    _decode_loop(llm, 1.0, warm, True)  # warm-up
     for phase, members in PHASES:
         barrier.wait()
         if name not in members:
@@ -146,11 +159,17 @@ def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, bar
         if phase == "engine":
             out.put((phase, name, _engine_profile(llm, model_dir, repeats)))
         else:
-            out.put((phase, name, _decode_loop(llm, window_s)))
+            out.put((phase, name, _decode_loop(llm, window_s, stops[phase], _lead(members) == name)))
     barrier.wait()
+    # vLLM's shutdown at interpreter exit can hang on its engine core; the results are out once the queue's
+    # feeder has flushed, so end this worker's whole process group (it and the engine core beneath it)
+    out.close()
+    out.join_thread()
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: int, barrier: Any, out: Any) -> None:
+def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: int, barrier: Any, out: Any,
+                  stops: dict) -> None:
     _quiet_stdout()
     import torch
     import torch.distributed as dist
@@ -188,12 +207,25 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
             continue
         world = 2 if phase in ("train_2", "fwd_2") else 1
         backward = phase not in _FWD_PHASES
-        tokens, n, t0 = 0, 0, time.perf_counter()
-        while time.perf_counter() - t0 < window_s or n == 0:
-            tokens += update(world, backward)
+        lead = _lead(members) == name
+        tokens, n, t0, per = 0, 0, time.perf_counter(), []
+        # at least MIN_UPDATES updates: one update is ~10 s here, and one alone was seen to vary 2x
+        def more() -> bool:
+            if world > 1:  # both ranks meet in every all-reduce: the same fixed number of updates
+                return n < MIN_UPDATES
+            return (time.perf_counter() - t0 < window_s or n < MIN_UPDATES) if lead else not stops[phase].is_set()
+
+        while more():
+            a = time.perf_counter()
+            k = update(world, backward)
+            per.append((time.perf_counter() - a) / k)
+            tokens += k
             n += 1
-        wall = time.perf_counter() - t0
-        out.put((phase, name, {"s_per_token": wall / tokens, "updates": n, "tokens_per_update": tokens / n}))
+        if lead:
+            stops[phase].set()
+        per.sort()
+        out.put((phase, name, {"s_per_token": per[len(per) // 2], "updates": n, "tokens_per_update": tokens / n,
+                               "s_per_token_each": per}))
     barrier.wait()
     dist.destroy_process_group()
 
@@ -207,9 +239,10 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> 
     with socket.socket() as s:  # a free loopback port for gloo's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out), name=n)
+    stops = {phase: ctx.Event() for phase, _ in PHASES}  # set by a phase's lead when its window is over
+    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out, stops), name=n)
              for n in engines]
-    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out), name=n)
+    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out, stops), name=n)
               for r, n in enumerate(("t0", "t1"))]
     for p in procs:
         p.start()
@@ -231,8 +264,9 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> 
             results.setdefault(phase, {})[name] = rec
             logger.info("%s %s: %s", phase, name, rec if phase != "engine" else "done")
     finally:
+        end = time.monotonic() + 30.0
         for p in procs:
-            p.join(timeout=60)
+            p.join(timeout=max(0.1, end - time.monotonic()))
         for p in procs:  # the worker and whatever it started (vLLM's engine core outlives a killed LLM)
             try:
                 os.killpg(p.pid, signal.SIGKILL)
