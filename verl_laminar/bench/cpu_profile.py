@@ -192,10 +192,14 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
             if backward:
                 (-logp).backward()
         if backward:
-            if world > 1:
-                for p in model.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
+            if world > 1:  # one flat bucket, as DDP / FSDP reduce gradients (per-tensor calls cost far more)
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
             opt.step()
             opt.zero_grad(set_to_none=True)
         return mine.numel() * world  # tokens of the whole step
