@@ -22,6 +22,23 @@ def test_missing_flags_are_an_error():
     assert proc.returncode == 2 and "--paper" in proc.stderr
 
 
+def test_plan_is_a_subcommand_of_the_module():
+    proc = subprocess.run([sys.executable, "-m", "verl_laminar.sim", "plan", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "python -m verl_laminar.sim plan" in proc.stdout and "--lengths" in proc.stdout
+    top = subprocess.run([sys.executable, "-m", "verl_laminar.sim", "--help"], capture_output=True, text=True)
+    assert top.returncode == 0 and "plan" in top.stdout and "--lengths" in top.stdout
+
+
+def test_single_configuration_takes_the_workload_flags(capsys):
+    assert main(["--model", "7b", "--gpus", "16", "--system", "sync", "--json", "--lengths", "1000,8000",
+                 "--batch", "32", "--updates", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"]["responses"]["median"] == 1000 and out["workload"]["batch"] == 32
+    # without the flags the record is the paper's, with no workload entry
+    assert main(["--model", "7b", "--gpus", "16", "--system", "sync", "--json"]) == 0
+    assert "workload" not in json.loads(capsys.readouterr().out)
+
+
 def test_plots_are_written(tmp_path):
     import matplotlib  # noqa: F401  (a dev dependency)
     from verl_laminar.sim.plots import gantt_plot, staleness_plot, throughput_plot

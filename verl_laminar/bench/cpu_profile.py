@@ -58,6 +58,20 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("train_2", ("t0", "t1")),
     ("fwd_2", ("t0", "t1")),
 )
+
+
+def schedule(rounds: int) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(label, phase, members) in the order run: the engine profile once, the co-run phases ``rounds`` times.
+
+    Repeating the whole sequence and pairing each co-run window with the solo window of its own round is
+    what keeps drift out of the slowdowns: solo windows on this shared machine were seen to differ by 60%
+    from one run to the next."""
+    out = []
+    for r in range(rounds):
+        out += [(f"{ph}#{r}", ph, m) for ph, m in PHASES if r == 0 or ph != "engine"]
+    return out
+
+
 # phases whose name says what the engines or trainers do there
 _TRAIN_PHASES = {"train_1", "train_1_decode_1", "train_1_decode_2", "train_2"}
 _FWD_PHASES = {"fwd_1", "fwd_2"}
@@ -142,7 +156,7 @@ def _quiet_stdout() -> None:
 
 
 def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, barrier: Any, out: Any,
-                   stops: dict) -> None:
+                   stops: dict, rounds: int) -> None:
     _quiet_stdout()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends a function
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
@@ -152,14 +166,14 @@ def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, bar
               kv_cache_memory_bytes=ENGINE_KV_BYTES, seed=0)
     warm = type("Stop", (), {"is_set": lambda self: True, "set": lambda self: None})()
     _decode_loop(llm, 1.0, warm, True)  # warm-up
-    for phase, members in PHASES:
+    for label, phase, members in schedule(rounds):
         barrier.wait()
         if name not in members:
             continue
         if phase == "engine":
-            out.put((phase, name, _engine_profile(llm, model_dir, repeats)))
+            out.put((label, name, _engine_profile(llm, model_dir, repeats)))
         else:
-            out.put((phase, name, _decode_loop(llm, window_s, stops[phase], _lead(members) == name)))
+            out.put((label, name, _decode_loop(llm, window_s, stops[label], _lead(members) == name)))
     barrier.wait()
     # vLLM's shutdown at interpreter exit can hang on its engine core; the results are out once the queue's
     # feeder has flushed, so end this worker's whole process group (it and the engine core beneath it)
@@ -169,7 +183,7 @@ def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, bar
 
 
 def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: int, barrier: Any, out: Any,
-                  stops: dict) -> None:
+                  stops: dict, rounds: int) -> None:
     _quiet_stdout()
     import torch
     import torch.distributed as dist
@@ -205,7 +219,7 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
         return mine.numel() * world  # tokens of the whole step
 
     update(1, True)  # warm-up
-    for phase, members in PHASES:
+    for label, phase, members in schedule(rounds):
         barrier.wait()
         if name not in members:
             continue
@@ -217,7 +231,7 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
         def more() -> bool:
             if world > 1:  # both ranks meet in every all-reduce: the same fixed number of updates
                 return n < MIN_UPDATES
-            return (time.perf_counter() - t0 < window_s or n < MIN_UPDATES) if lead else not stops[phase].is_set()
+            return (time.perf_counter() - t0 < window_s or n < MIN_UPDATES) if lead else not stops[label].is_set()
 
         while more():
             a = time.perf_counter()
@@ -226,15 +240,15 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
             tokens += k
             n += 1
         if lead:
-            stops[phase].set()
+            stops[label].set()
         per.sort()
-        out.put((phase, name, {"s_per_token": per[len(per) // 2], "updates": n, "tokens_per_update": tokens / n,
+        out.put((label, name, {"s_per_token": per[len(per) // 2], "updates": n, "tokens_per_update": tokens / n,
                                "s_per_token_each": per}))
     barrier.wait()
     dist.destroy_process_group()
 
 
-def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> dict:
+def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float, rounds: int = 2) -> dict:
     ctx = mp.get_context("spawn")
     engines = ("e0", "e1", "e2", "e3")
     barrier, out = ctx.Barrier(len(engines) + 2, timeout=timeout_s), ctx.Queue()
@@ -243,17 +257,18 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> 
     with socket.socket() as s:  # a free loopback port for gloo's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    stops = {phase: ctx.Event() for phase, _ in PHASES}  # set by a phase's lead when its window is over
-    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out, stops), name=n)
-             for n in engines]
-    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out, stops), name=n)
-              for r, n in enumerate(("t0", "t1"))]
+    plan = schedule(rounds)
+    stops = {label: ctx.Event() for label, _, _ in plan}  # set by a phase's lead when its window is over
+    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out, stops, rounds),
+                         name=n) for n in engines]
+    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out, stops, rounds),
+                          name=n) for r, n in enumerate(("t0", "t1"))]
     for p in procs:
         p.start()
     results: dict[str, dict[str, Any]] = {}
-    expected = sum(len(m) for _, m in PHASES)
+    expected = sum(len(m) for _, _, m in plan)
     try:
-        deadline = time.monotonic() + timeout_s + window_s * len(PHASES) * 3
+        deadline = time.monotonic() + timeout_s + window_s * len(plan) * 4
         while sum(len(v) for v in results.values()) < expected:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cpu profile: {results.keys()} after {timeout_s:.0f} s; a worker is stuck")
@@ -280,32 +295,47 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float) -> 
 
 
 def summarize(raw: dict) -> dict:
-    """The profile the simulator reads: solo costs and co-run slowdowns (each a ratio of two windows)."""
-    eng = raw["engine"]["e0"]
-    solo = raw["decode_1"]["e0"]["step_s"]
-    t1 = raw["train_1"]["t0"]["s_per_token"]
+    """The profile the simulator reads: solo costs and co-run slowdowns, each the median over the rounds of
+    a ratio of two windows of the same round. ``raw`` is keyed by phase label (``<phase>#<round>``)."""
+    rounds = sorted({int(k.split("#")[1]) for k in raw})
+
+    def val(phase: str, name: str, key: str, r: int) -> float:
+        return float(raw[f"{phase}#{r}"][name][key])
+
+    def med(xs: list[float]) -> float:
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+    def dec(phase: str) -> float:  # a decode window over the solo one of its round
+        return med([val(phase, "e0", "step_s", r) / val("decode_1", "e0", "step_s", r) for r in rounds])
+
+    def tr(phase: str) -> float:
+        return med([val(phase, "t0", "s_per_token", r) / val("train_1", "t0", "s_per_token", r) for r in rounds])
+
+    def solo(phase: str, name: str, key: str) -> float:
+        return med([val(phase, name, key, r) for r in rounds])
+
+    eng = raw["engine#0"]["e0"]
+    spread = {ph: [round(val(ph, "t0" if ph.startswith(("train", "fwd")) else "e0",
+                             "s_per_token" if ph.startswith(("train", "fwd")) else "step_s", r), 6) for r in rounds]
+              for ph, _ in PHASES if ph != "engine"}
     return {
         "decode_step_s": eng["decode_step_s"],
         "prefill_s_per_token": eng["prefill_s_per_token"],
         "weight_load_s": eng["weight_load_s"],
         "weight_bytes": eng["weight_bytes"],
         "corun_batch": CORUN_BATCH,
-        "decode_solo_step_s": solo,
-        # slowdown of a decode step with k CPU-busy processes in all (itself included)
-        "decode_slowdown": {
-            "1": 1.0,
-            "2": raw["decode_2"]["e0"]["step_s"] / solo,
-            "4": raw["decode_4"]["e0"]["step_s"] / solo,
-            "3": raw["train_1_decode_2"]["e0"]["step_s"] / solo,
-            "2_with_trainer": raw["train_1_decode_1"]["e0"]["step_s"] / solo,
-        },
-        "train_s_per_token": {"1": t1, "2": raw["train_2"]["t0"]["s_per_token"]},
-        "forward_s_per_token": {"1": raw["fwd_1"]["t0"]["s_per_token"], "2": raw["fwd_2"]["t0"]["s_per_token"]},
-        "train_slowdown": {
-            "1": 1.0,
-            "2": raw["train_1_decode_1"]["t0"]["s_per_token"] / t1,
-            "3": raw["train_1_decode_2"]["t0"]["s_per_token"] / t1,
-        },
+        "rounds": len(rounds),
+        "decode_solo_step_s": solo("decode_1", "e0", "step_s"),
+        # slowdown of a decode step beside other busy processes ("3": two engines and one trainer rank)
+        "decode_slowdown": {"1": 1.0, "2": dec("decode_2"), "4": dec("decode_4"), "3": dec("train_1_decode_2"),
+                            "2_with_trainer": dec("train_1_decode_1")},
+        "train_s_per_token": {"1": solo("train_1", "t0", "s_per_token"), "2": solo("train_2", "t0", "s_per_token")},
+        "forward_s_per_token": {"1": solo("fwd_1", "t0", "s_per_token"), "2": solo("fwd_2", "t0", "s_per_token")},
+        "train_slowdown": {"1": 1.0, "2": tr("train_1_decode_1"), "3": tr("train_1_decode_2")},
+        # every round's value of each window, so the run-to-run spread is on record beside the medians
+        "per_round": spread,
         "train_settings": {"seq_tokens": TRAIN_SEQ_TOKENS, "seqs": TRAIN_SEQS, "micro_batch": TRAIN_MICRO,
                            "threads_per_rank": 1, "dtype": "float32 + bf16 autocast"},
         "engine_settings": {"dtype": "bfloat16", "kv_cache_bytes": ENGINE_KV_BYTES, "max_num_seqs": ENGINE_MAX_SEQS,
@@ -317,6 +347,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_laminar.bench.cpu_profile", description=__doc__.split("\n")[0])
     ap.add_argument("--window-s", type=float, default=12.0, help="seconds each co-run phase measures")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each engine micro benchmark (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="times the co-run phases are repeated (medians)")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="the most any phase barrier waits")
     ap.add_argument("--model", default=None, help="default: the fixture model")
     ap.add_argument("--json", action="store_true")
@@ -336,7 +367,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         args.model = str(model_dir())
     t0 = time.perf_counter()
-    raw = measure(args.model, args.window_s, args.repeats, args.timeout_s)
+    raw = measure(args.model, args.window_s, args.repeats, args.timeout_s, args.rounds)
     record = {**prov, "profile": summarize(raw), "raw": raw, "runtime_s": round(time.perf_counter() - t0, 1)}
     if path is not None:
         path.write_text(json.dumps(record, indent=1) + "\n")

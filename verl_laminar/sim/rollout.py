@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Iterable, Optional, Protocol
+from typing import Callable, Iterable, Optional, Protocol
 
 from verl_laminar.policy.repack import RolloutSnapshot
 from verl_laminar.sim.costs import RolloutCosts
@@ -57,6 +57,8 @@ class Rollout:
         self._epoch = 0
         self._next_tau = 0.0
         self.preemptions = 0
+        # told after every change of state (a shared CPU machine re-divides its cores: ``sim.cpu.Machine``)
+        self.on_change: Optional[Callable[[], None]] = None
 
     # -- state -------------------------------------------------------------------------------
     def ctx(self) -> float:
@@ -187,6 +189,8 @@ class Rollout:
         self._epoch += 1
         n = len(self.running)
         if not n:
+            if self.on_change is not None:
+                self.on_change()
             return
         heap, running = self._heap, self.running
         while heap and (running.get(heap[0][1]) is not heap[0][2] or heap[0][2].finish_tau != heap[0][0]):
@@ -199,6 +203,8 @@ class Rollout:
         self._next_tau = max(nxt, self.tau)
         dt = self.cost.span(n, c, self._next_tau - self.tau)
         self.engine.at(self.t + dt, self._on_event, self._epoch)
+        if self.on_change is not None:
+            self.on_change()
 
     def _on_event(self, epoch: int) -> None:
         if epoch != self._epoch:
@@ -260,3 +266,24 @@ class Rollout:
         seqs = self._returns.pop(key)
         self.away -= len(seqs)
         self.submit(seqs, self.engine.now)
+
+    # -- added for AReaL's mechanisms (sim/systems/areal.py) ------------------------------------
+    def interrupt_keep_cache(self, version: int, load_s: float) -> None:
+        """Like ``interrupt`` but every cache survives: pause ``load_s``, retag, recompute nothing.
+
+        An engine whose prefix cache is not flushed by the update re-admits each resent request as a
+        full prefix hit (its cached positions keep the old weights' keys and values), so no
+        sequence re-prefills; a waiting turn keeps whatever prefill it already owed.
+        """
+        self._sync(self.engine.now)
+        for s in self.running.values():
+            s.version, s.mixed = version, True
+        for s in self.waiting:
+            if s.started:
+                s.mixed = True
+            else:
+                s.first_version = version
+            s.version = version
+        self.version = version
+        self.t = max(self.t, self.engine.now) + load_s
+        self._schedule()

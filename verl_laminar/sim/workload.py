@@ -59,6 +59,14 @@ class Group:
         self.done_at = 0.0
 
 
+def _lengths(rng: np.random.Generator, measured, median: float, sigma: float, cap: int, shape) -> np.ndarray:
+    """Token counts of ``shape``: resampled from ``measured`` (``sim.lengths.Empirical``) when given, else
+    log-normal with this median and sigma, rounded, at least 1 and at most ``cap``."""
+    if measured is not None:
+        return measured.sample(rng, shape)
+    return np.minimum(cap, np.maximum(1.0, np.round(rng.lognormal(np.log(median), sigma, shape))))
+
+
 class Workload:
     def __init__(self, task: Task, seed: int, group_size: int):
         self.task, self.seed, self.group_size = task, seed, group_size
@@ -70,10 +78,16 @@ class Workload:
         return self._blocks[b]
 
     def _draw(self, rng: np.random.Generator) -> tuple:
-        """One block of groups as plain lists (building trajectories from numpy scalars is slow)."""
+        """One block of groups as plain lists (building trajectories from numpy scalars is slow).
+
+        Prompts, then responses, then the tool calls come from the block's one generator in that order. With no
+        file of measured lengths the draws are the log-normal path's, value for value (existing results do not
+        move); with one, that quantity is resampled from the same generator, so the draws after it differ from
+        the default workload's but remain one stream, under the seed, that every system consumes.
+        """
         t, n, g = self.task, _CHUNK, self.group_size
-        prompt = np.minimum(t.prompt_max, np.maximum(1.0, np.round(rng.lognormal(np.log(t.prompt_median), t.prompt_sigma, n))))
-        resp = np.minimum(t.response_max, np.maximum(1.0, np.round(rng.lognormal(np.log(t.response_median), t.response_sigma, (n, g)))))
+        prompt = _lengths(rng, t.prompt_lengths, t.prompt_median, t.prompt_sigma, t.prompt_max, n)
+        resp = _lengths(rng, t.response_lengths, t.response_median, t.response_sigma, t.response_max, (n, g))
         if t.tool_calls_max == 0:
             return prompt.tolist(), resp.tolist(), None
         m = t.tool_calls_max

@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Callable
 
 from verl_laminar.sim.engine import paused_gc
-from verl_laminar.sim.systems.areal import AReaL
+from verl_laminar.sim.systems.areal import AReaL, ArealMechanics
 from verl_laminar.sim.systems.base import Layout, Result, Setup, default_layout
 from verl_laminar.sim.systems.laminar import Laminar
+from verl_laminar.sim.systems.one_step_off import OneStepOff
 from verl_laminar.sim.systems.synchronous import Pipelined, Sync
 
 SYSTEMS: dict[str, Callable[[Setup], object]] = {
     "sync": Sync,
+    "sync_bypass": lambda s: Sync(s, bypass=True),  # verl's rollout_correction.bypass_mode: no old-log-prob pass
+    "separate_async": OneStepOff,  # verl's one-step-off trainer as events (shares a CPU machine's cores)
     "one_step": lambda s: Pipelined(s, streaming=False),
     "streaming": lambda s: Pipelined(s, streaming=True),
     "areal": AReaL,
@@ -19,8 +22,24 @@ SYSTEMS: dict[str, Callable[[Setup], object]] = {
     "laminar_norepack": lambda s: Laminar(s, repack=False, relays=True),
     "laminar_norelay": lambda s: Laminar(s, repack=True, relays=False),
 }
+# AReaL with one of its mechanisms changed (docs/sim_areal.md): each name says what differs from ``areal``.
+AREAL_ABLATIONS: dict[str, dict] = {
+    "areal_full_weights": {"full_weight_broadcast": True},  # AReaL's own wiring: rank 0 sends all W to every GPU
+    "areal_ofp0": {"staleness_bound": 0},  # the dataclass default of max_head_offpolicyness
+    "areal_unbounded": {"staleness_bound": None},
+    "areal_seq_slots": {"group_slots": False},  # a finished sample frees its slot at once
+    "areal_no_cap": {"max_concurrent_batches": None},  # only the staleness gate limits submission
+    "areal_least_loaded": {"round_robin": False},
+    "areal_no_global_pause": {"pause_all_during_update": False},
+    "areal_keep_cache": {"flush_prefix_cache": False},
+    "areal_no_poll": {"resume_poll_s": 0.0},
+    "areal_no_gather": {"fsdp_gather": False},
+}
+for _name, _kw in AREAL_ABLATIONS.items():
+    SYSTEMS[_name] = lambda s, _n=_name, _m=ArealMechanics(**_kw): AReaL(s, _m, name=_n)
+
 BASELINES = ("sync", "one_step", "streaming", "areal")
-COLOCATED = frozenset({"sync"})
+COLOCATED = frozenset({"sync", "sync_bypass"})
 
 
 def simulate(system: str, setup: Setup) -> Result:
@@ -32,4 +51,5 @@ def simulate(system: str, setup: Setup) -> Result:
     return res
 
 
-__all__ = ["SYSTEMS", "BASELINES", "COLOCATED", "Layout", "Result", "Setup", "default_layout", "simulate"]
+__all__ = ["SYSTEMS", "AREAL_ABLATIONS", "BASELINES", "COLOCATED", "Layout", "Result", "Setup", "default_layout",
+           "simulate"]

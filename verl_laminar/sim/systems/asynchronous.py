@@ -33,6 +33,7 @@ class AsyncBase(Base):
         self.consumed: list[int] = []  # group ids the trainer took, in order
         self.version = 0
         self.training = False
+        self.log_prob_pass = False  # neither Laminar nor AReaL recomputes the old log-probs
         self._train_end = 0.0
         self._train_epoch = 0
         self._blocked_until = 0.0  # trainer stalled while idle (serving weights)
@@ -104,15 +105,21 @@ class AsyncBase(Base):
         self.meter.idle.append((self._idle_since, t))
         self.training = True
         self._train_start = t
-        self._train_end = t + self.train_time(tokens, self.setup.layout.trainer_gpus)
+        solo = self.train_time(tokens, self.setup.layout.trainer_gpus, self.log_prob_pass)
         self._train_epoch += 1
-        self.engine.at(self._train_end, self._trained, self._train_epoch)
+        if self.machine is not None:  # the step shares the machine's cores: its end moves as others start, stop
+            self.machine.train(solo, self.setup.layout.trainer_gpus, lambda e=self._train_epoch: self._trained(e))
+        else:
+            self._train_end = t + solo
+            self.engine.at(self._train_end, self._trained, self._train_epoch)
         self.on_budget(t)
 
     def stall_trainer(self, seconds: float) -> None:
         """The trainer pauses (it is the source of a GPU-to-GPU weight transfer)."""
         now = self.engine.now
-        if self.training:
+        if self.training and self.machine is not None:
+            self.machine.stretch(seconds)
+        elif self.training:
             self._train_end += seconds
             self._train_epoch += 1
             self.engine.at(self._train_end, self._trained, self._train_epoch)

@@ -13,6 +13,8 @@ from typing import Optional
 from verl_laminar.policy.roofline import ModelShape
 from verl_laminar.policy.staleness import summarize
 from verl_laminar.sim.costs import RolloutCosts, rollout_costs, train_seconds
+from verl_laminar.sim.cpu import Machine
+from verl_laminar.sim.cpu import rollout_costs as cpu_rollout_costs
 from verl_laminar.sim.engine import Engine
 from verl_laminar.sim.params import MODELS, ROLLOUT_TP, SimParams
 from verl_laminar.sim.rollout import Rollout, Sink
@@ -59,7 +61,7 @@ class Setup:
 
     @property
     def shape(self) -> ModelShape:
-        return MODELS[self.model]
+        return shape_of(self.model, self.params)
 
 
 @dataclass
@@ -165,12 +167,16 @@ class Base(Sink):
         self.p = setup.params
         self.model = setup.shape
         self.engine = Engine()
-        self.costs: RolloutCosts = rollout_costs(self.model, setup.layout.tp, self.p)
+        # a CPU machine: every rollout and the trainer share its cores (None on the GPU cluster)
+        self.machine: Optional[Machine] = Machine(self.p.cpu, self.engine) if self.p.cpu is not None else None
+        self.costs: RolloutCosts = costs_for(self.model, setup.layout.tp, self.p, self.machine)
         lay = setup.layout
         if lay.rollouts < 1:
             raise ValueError(f"{lay.rollout_gpus} rollout GPUs cannot host a rollout of tp={lay.tp}")
         self.rollouts = [Rollout(i, lay.machine_of(i), self.costs, self.engine, self,
                                  self.p.inference.event_quantum_tokens, self.p.inference.tool_return_quantum_s) for i in range(lay.rollouts)]
+        if self.machine is not None:
+            self.machine.attach(self.rollouts)
         self.workload = Workload(self.p.task(setup.task), setup.seed, self.p.schedule.group_size)
         self.meter = Meter(warmup)
         self.trace: list[tuple[int, str, float, float]] = []
@@ -182,9 +188,9 @@ class Base(Sink):
         self._next_gid += n
         return out
 
-    def train_time(self, tokens: float, gpus: int) -> float:
-        """One training step: ``minibatches`` updates over the step's tokens."""
-        return train_seconds(self.model, tokens, gpus, self.p, self.p.schedule.minibatches)
+    def train_time(self, tokens: float, gpus: int, log_prob_pass: bool = False) -> float:
+        """One training step: ``minibatches`` updates over the step's tokens (on a CPU machine: its solo time)."""
+        return step_train_seconds(self.model, tokens, gpus, self.p, log_prob_pass)
 
     def record(self, rid: int, kind: str, start: float, end: float) -> None:
         if self.setup.trace and end > start:
@@ -195,6 +201,37 @@ class Base(Sink):
 
     def on_drain(self, r: Rollout, t: float) -> None:
         pass
+
+
+def shape_of(model: str, p: SimParams) -> ModelShape:
+    """The model a configuration runs: one of the paper's, or on a CPU profile the fixture model it measured."""
+    if p.cpu is not None:
+        return p.cpu.model
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    return MODELS[model]
+
+
+def costs_for(model: ModelShape, tp: int, p: SimParams, machine: Optional[Machine]) -> RolloutCosts:
+    """What one rollout costs: the roofline GPU, or the measured CPU engine sharing ``machine``'s cores."""
+    if p.cpu is not None:
+        if machine is None:
+            raise ValueError("a CPU profile needs the run's Machine (processor sharing)")
+        return cpu_rollout_costs(p.cpu, machine)
+    return rollout_costs(model, tp, p)
+
+
+def step_train_seconds(model: ModelShape, tokens: float, gpus: int, p: SimParams, log_prob_pass: bool = False) -> float:
+    """One training step over ``tokens``: ``minibatches`` updates on GPUs, the measured per-token cost on a CPU.
+
+    ``log_prob_pass``: the trainer also recomputes the old log-probs (verl's sync and one-step-off do; a
+    forward pass, a third of a forward + backward on GPUs, measured on a CPU); Laminar and sync_bypass take
+    the rollout's log-probs instead.
+    """
+    if p.cpu is not None:
+        return p.cpu.train_seconds(tokens, gpus, log_prob_pass)
+    s = train_seconds(model, tokens, gpus, p, p.schedule.minibatches)
+    return s * (4.0 / 3.0) if log_prob_pass else s
 
 
 def default_layout(model: str, gpus: int, trainer_gpus: int, p: SimParams, colocated: bool = False) -> Layout:

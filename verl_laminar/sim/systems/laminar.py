@@ -32,8 +32,10 @@ class Laminar(AsyncBase):
         pos = {name: k for k, name in enumerate(plan.relays)}
         self._relay_offset = [offsets[pos[f"m{r.machine:05d}"]] for r in self.rollouts]
         self._arrival: dict[int, float] = {0: 0.0}  # version -> when the master relay holds it
-        self._load = pcie_load(self.model, lay.tp, self.p)
-        self._stall = publish_stall(self.model, self.p)
+        cpu = self.p.cpu
+        # a CPU machine: the measured load into a running engine and the hand-off at the relay's loopback rate
+        self._load = cpu.weight_load_s if cpu is not None else pcie_load(self.model, lay.tp, self.p)
+        self._stall = cpu.publish_s if cpu is not None else publish_stall(self.model, self.p)
         self.cfg = RepackConfig(c_max=self.costs.c_max, max_batch=self.costs.repack_batch)
         self._recent: frozenset[int] = frozenset()
         self._prev_util: dict[int, float] = {}

@@ -19,11 +19,12 @@ import functools
 from dataclasses import dataclass
 
 from verl_laminar.policy.staleness import staleness, trainer_version_at
-from verl_laminar.sim.costs import colocate_switch, g2g_broadcast, rollout_costs, train_seconds
+from verl_laminar.sim.costs import colocate_switch, g2g_broadcast, train_seconds
+from verl_laminar.sim.cpu import Machine
 from verl_laminar.sim.engine import Engine
-from verl_laminar.sim.params import MODELS, SimParams
+from verl_laminar.sim.params import SimParams
 from verl_laminar.sim.rollout import Rollout
-from verl_laminar.sim.systems.base import Layout, Meter, Result, Setup
+from verl_laminar.sim.systems.base import Layout, Meter, Result, Setup, costs_for, shape_of
 from verl_laminar.sim.workload import Seq, Workload
 
 
@@ -69,9 +70,13 @@ def batch_profile(model: str, task: str, seed: int, params: SimParams, tp: int, 
     wl = Workload(params.task(task), seed, g)
     groups = [wl.group(index * n + i, (index * n + i) * g) for i in range(n)]
     engine, sink = Engine(), _Gen()
-    costs = rollout_costs(MODELS[model], tp, params)
+    # on a CPU profile the batch's engines share the machine's cores with each other (training waits)
+    machine = Machine(params.cpu, engine) if params.cpu is not None else None
+    costs = costs_for(shape_of(model, params), tp, params, machine)
     inf = params.inference
     pool = [Rollout(i, 0, costs, engine, sink, inf.event_quantum_tokens, inf.tool_return_quantum_s) for i in range(rollouts)]
+    if machine is not None:
+        machine.attach(pool)
     seqs = [s for grp in groups for s in grp.seqs]
     per: list[list[Seq]] = [[] for _ in pool]
     for i, s in enumerate(seqs):  # verl's load balancer spreads requests evenly across servers
@@ -125,25 +130,37 @@ class _Scheduled:
             for rid, last in enumerate(prof.rollout_last):
                 self.trace.append((rid, "gen", t0, t0 + last))
 
-    def train(self, tokens: float, gpus: int, updates: int = 1) -> float:
-        return train_seconds(self.model, tokens, gpus, self.p, updates)
+    def train(self, tokens: float, gpus: int, updates: int = 1, log_prob_pass: bool = True) -> float:
+        """Seconds to train ``tokens``; verl recomputes the old log-probs first unless in bypass mode (a
+        forward pass: a third of forward + backward on GPUs, measured on a CPU profile)."""
+        if self.p.cpu is not None:
+            return self.p.cpu.train_seconds(tokens, gpus, log_prob_pass)
+        s = train_seconds(self.model, tokens, gpus, self.p, updates)
+        return s * (4.0 / 3.0) if log_prob_pass else s
 
 
 class Sync(_Scheduled):
-    """verl's synchronous colocated trainer: generate, then train on the same GPUs."""
+    """verl's synchronous colocated trainer: generate, then train on the same GPUs.
 
-    def __init__(self, setup: Setup):
+    ``bypass``: verl's ``rollout_correction.bypass_mode`` (``sync_bypass``): the rollout's log-probs stand
+    in for the recomputed old log-probs, so the step skips that forward pass, as Laminar does.
+    """
+
+    def __init__(self, setup: Setup, bypass: bool = False):
         super().__init__(setup, warmup=-1)
+        self.bypass = bypass
 
     def run(self) -> Result:
         s, lay = self.p.schedule, self.setup.layout
-        switch = colocate_switch(self.model, lay.tp, self.p)
+        # on a CPU machine the engines stay in memory beside the trainer: a switch is the weight load alone,
+        # paid once per step (half here, half after training, to keep the step's shape)
+        switch = self.p.cpu.weight_load_s / 2 if self.p.cpu is not None else colocate_switch(self.model, lay.tp, self.p)
         t, gen_total = 0.0, 0.0
         for step in range(s.sync_steps):
             prof = self.profile(step)
             self.place(prof, t, step)
             tokens = sum(prof.group_tokens)
-            train = self.train(tokens, lay.gpus, s.minibatches)
+            train = self.train(tokens, lay.gpus, s.minibatches, log_prob_pass=not self.bypass)
             gen_total += prof.duration
             start = t + prof.duration + switch
             if self.setup.trace:
@@ -151,7 +168,8 @@ class Sync(_Scheduled):
             t = start + train + switch
             self.meter.publish.append(t)
             self.meter.step_tokens.append(tokens)
-        res = self.meter.result("sync", self.setup, gen_fraction=gen_total / t, events=self.events)
+        res = self.meter.result("sync_bypass" if self.bypass else "sync", self.setup, gen_fraction=gen_total / t,
+                                events=self.events)
         res.throughput = sum(self.meter.step_tokens) / t  # every synchronous step is measured
         res.step_time = t / s.sync_steps
         res.trace = self.trace

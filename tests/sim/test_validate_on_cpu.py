@@ -1,0 +1,68 @@
+"""``sim --validate``: predictions for the committed CPU measurements, each beside its measured value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from verl_laminar.sim import validate as v
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _committed(tmp_path: Path) -> Path:
+    """The newest committed inputs of each kind, copied, so a test can also remove one."""
+    for pattern in ("cpu_profile_*.json", "bench_e2e_paper_*.json", "bench_relay_sweep_*.json", "bench_repack_2*.json"):
+        src = v.newest(pattern, RESULTS)
+        shutil.copy(src, tmp_path / src.name)
+    return tmp_path
+
+
+def test_validation_reads_the_committed_measurements_and_reports_every_ratio(tmp_path):
+    res = v.validate(_committed(tmp_path), seeds=range(2), prompt=89.0)
+    e2e = json.loads(v.newest("bench_e2e_paper_*.json", tmp_path).read_text())
+    for name, key, _ in v.RATIOS:
+        row = res["ratios"][name]
+        assert row["measured"] == pytest.approx(e2e[key], abs=1e-3)  # read, not typed in
+        assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1, abs=2e-3)
+        assert row["within"] == (abs(row["error"]) <= v.TOLERANCE)
+    rep = res["repack"]
+    assert rep["measured"] == pytest.approx(json.loads(v.newest("bench_repack_2*.json", tmp_path).read_text())["gain"],
+                                            abs=1e-3)
+    assert res["all_within"] == (all(r["within"] for r in res["ratios"].values()) and rep["within"])
+    # the per-component check reads the run's own timings beside the profile's solo prices
+    assert res["components"]["sync"]["update_s"]["measured"] > 0
+
+
+def test_dedicated_cores_counterfactual_only_removes_sharing(tmp_path):
+    prof = v.load_profile(v.newest("cpu_profile_*.json", RESULTS))
+    alone = v.dedicated(prof)
+    assert alone.decode == prof.decode and alone.train_s_per_token == prof.train_s_per_token
+    assert all(f == 1.0 for _, f in alone.decode_slowdown + alone.train_slowdown)
+
+
+def test_a_missing_measurement_says_which_command_writes_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--results docs/results"):
+        v.validate(tmp_path, seeds=range(1), prompt=89.0)
+
+
+def test_without_a_repack_file_the_validation_cannot_pass(tmp_path):
+    d = _committed(tmp_path)
+    for f in d.glob("bench_repack_*.json"):
+        f.unlink()
+    res = v.validate(d, seeds=range(1), prompt=89.0)
+    assert res["repack"] is None and res["all_within"] is False
+
+
+def test_the_cli_exits_nonzero_unless_every_prediction_is_within(tmp_path, capsys, tiny_model_dir):
+    # tiny_model_dir: the CLI reads the prompt lengths with the fixture's tokenizer
+    from verl_laminar.sim.__main__ import main
+
+    d = _committed(tmp_path)
+    rc = main(["--validate", "--json", "--validate-seeds", "1", "--results-in", str(d)])
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == "SIMULATED" and "ratios" in out
+    assert rc == (0 if out["all_within"] else 1)
