@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from verl_laminar import metrics as lm
 from verl_laminar.policy.lengths import SkewedLengths
 from verl_laminar.sim.cpu import CpuProfile, fit_decode, load_profile
 from verl_laminar.sim.lengths import Empirical
@@ -134,7 +135,7 @@ def component_check(profile: CpuProfile, e2e: dict, mode: str) -> dict:
     if "timing_s/update_weights" in m:
         out["update_weights_s"] = {"measured": m["timing_s/update_weights"], "profile_solo": profile.weight_load_s}
     if mode == "laminar":
-        out["rollout_wait_for_weights_s_per_step"] = {"measured": m.get("laminar/rollout/wait_for_weights_s"),
+        out["rollout_wait_for_weights_s_per_step"] = {"measured": m.get(lm.ROLLOUT_WAIT),
                                                       "profile_solo_per_refresh": round(profile.weight_load_s
                                                                                         + profile.publish_s, 3)}
     return out
