@@ -34,6 +34,10 @@ AREAL_ABLATIONS: dict[str, dict] = {
     "areal_keep_cache": {"flush_prefix_cache": False},
     "areal_no_poll": {"resume_poll_s": 0.0},
     "areal_no_gather": {"fsdp_gather": False},
+    "areal_prox_logp": {"prox_logp_pass": True},  # the decoupled loss's forward pass, as AReaL's examples set
+    # the four update costs above at once: what an update costs AReaL beyond the broadcast itself
+    "areal_free_updates": {"pause_all_during_update": False, "flush_prefix_cache": False, "resume_poll_s": 0.0,
+                           "fsdp_gather": False},
 }
 for _name, _kw in AREAL_ABLATIONS.items():
     SYSTEMS[_name] = lambda s, _n=_name, _m=ArealMechanics(**_kw): AReaL(s, _m, name=_n)

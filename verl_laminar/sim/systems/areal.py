@@ -106,6 +106,13 @@ class ArealMechanics:
     # (areal/engine/vllm_ext/areal_vllm_server.py ``areal_pause_generation``, ``areal_update_weight_xccl``).
     # Off: a resent request hits its old-weight prefix and recomputes nothing.
     flush_prefix_cache: bool = True
+    # The trainer's extra forward pass for the proximal log-probs before each update
+    # (areal/trainer/rl_trainer.py ``PPOTrainer.train``: ``actor.compute_logp`` when
+    # ``PPOActorConfig.should_compute_prox_logp()``). Off by AReaL's dataclass defaults
+    # (``recompute_logprob`` and ``use_decoupled_loss`` False, areal/api/cli_args.py), on in 19 of
+    # the 20 examples/math/*.yaml (both True): ablation ``areal_prox_logp``. Priced as verl's
+    # old-log-prob pass (``systems.base.step_train_seconds``).
+    prox_logp_pass: bool = False
 
 
 DEFAULT_MECHANICS = ArealMechanics()
@@ -140,6 +147,7 @@ class AReaL(AsyncBase):
         super().__init__(setup)
         m = self.mech = mechanics
         self.name = name
+        self.log_prob_pass = m.prox_logp_pass
         lay = setup.layout
         p = self.p
         if m.full_weight_broadcast is not None and m.full_weight_broadcast != p.network.g2g_full_weights:
@@ -164,6 +172,7 @@ class AReaL(AsyncBase):
         self._since = [0.0] * len(self.rollouts)  # when each rollout last resumed generating (trace)
         self.done_trajectories = 0
         self.stalls: list[tuple[float, float]] = []  # (publication time, rollout-seconds stalled by it)
+        self.aborted: list[int] = []  # per update: servers that had requests to abort
 
     # -- dispatch ------------------------------------------------------------------------------------
     def capacity(self) -> int:
@@ -235,11 +244,14 @@ class AReaL(AsyncBase):
 
     def _abort_all(self, t: float, version: int, pause_s: float) -> None:
         """Every server stops for ``pause_s``; its aborted requests return half a poll later."""
-        stalled = 0.0
-        hold = pause_s + self.mech.resume_poll_s / 2.0
+        stalled, aborted = 0.0, 0
         for r in self.rollouts:
             self.record(r.rid, "gen", self._since[r.rid], t)
             busy_until = max(r.t, t)  # a prefill already under way finishes first
+            hold = pause_s
+            if r.running or r.waiting:  # requests on this server are aborted; their clients poll
+                hold += self.mech.resume_poll_s / 2.0
+                aborted += 1
             if self.mech.flush_prefix_cache:
                 r.interrupt(version, hold)
             else:
@@ -248,6 +260,7 @@ class AReaL(AsyncBase):
             self.record(r.rid, "interrupt", t, r.t)
             self._since[r.rid] = r.t
         self.stalls.append((t, stalled))
+        self.aborted.append(aborted)
 
     def finish(self) -> Result:
         a, b = self.meter.window()
