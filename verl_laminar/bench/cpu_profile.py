@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -164,8 +165,7 @@ def _engine_worker(name: str, model_dir: str, window_s: float, repeats: int, bar
 
     llm = LLM(model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=2048, max_num_seqs=ENGINE_MAX_SEQS,
               kv_cache_memory_bytes=ENGINE_KV_BYTES, seed=0)
-    warm = type("Stop", (), {"is_set": lambda self: True, "set": lambda self: None})()
-    _decode_loop(llm, 1.0, warm, True)  # warm-up
+    _decode_loop(llm, 1.0, threading.Event(), lead=True)  # warm-up: the lead ends by its window alone
     for label, phase, members in schedule(rounds):
         barrier.wait()
         if name not in members:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from verl_laminar.policy.roofline import ModelShape
 from verl_laminar.policy.staleness import summarize
@@ -192,6 +192,14 @@ class Base(Sink):
         """One training step: ``minibatches`` updates over the step's tokens (on a CPU machine: its solo time)."""
         return step_train_seconds(self.model, tokens, gpus, self.p, log_prob_pass)
 
+    def run_training(self, solo_s: float, ranks: int, done: Callable[[], None]) -> None:
+        """Call ``done`` when a training step of ``solo_s`` ends: at once on dedicated GPUs, or stretched by
+        whatever else shares the cores on a CPU machine."""
+        if self.machine is not None:
+            self.machine.train(solo_s, ranks, done)
+        else:
+            self.engine.at(self.engine.now + solo_s, done)
+
     def record(self, rid: int, kind: str, start: float, end: float) -> None:
         if self.setup.trace and end > start:
             self.trace.append((rid, kind, start, end))
@@ -221,17 +229,23 @@ def costs_for(model: ModelShape, tp: int, p: SimParams, machine: Optional[Machin
     return rollout_costs(model, tp, p)
 
 
-def step_train_seconds(model: ModelShape, tokens: float, gpus: int, p: SimParams, log_prob_pass: bool = False) -> float:
-    """One training step over ``tokens``: ``minibatches`` updates on GPUs, the measured per-token cost on a CPU.
+# verl's old-log-prob pass is one forward over the step's tokens: 2 of the 6 x params FLOPs per token that
+# forward + backward cost, so a step that recomputes them trains 4/3 as long (GPUs; a CPU profile measures it)
+LOG_PROB_PASS_FACTOR = 4.0 / 3.0
 
-    ``log_prob_pass``: the trainer also recomputes the old log-probs (verl's sync and one-step-off do; a
-    forward pass, a third of a forward + backward on GPUs, measured on a CPU); Laminar and sync_bypass take
-    the rollout's log-probs instead.
+
+def step_train_seconds(model: ModelShape, tokens: float, gpus: int, p: SimParams, log_prob_pass: bool = False,
+                       updates: Optional[int] = None) -> float:
+    """Training over ``tokens`` in ``updates`` optimizer updates (default: the schedule's mini-batches) on
+    GPUs, or the measured per-token cost on a CPU.
+
+    ``log_prob_pass``: the trainer also recomputes the old log-probs (verl's sync and one-step-off do);
+    Laminar and sync_bypass take the rollout's log-probs instead.
     """
     if p.cpu is not None:
         return p.cpu.train_seconds(tokens, gpus, log_prob_pass)
-    s = train_seconds(model, tokens, gpus, p, p.schedule.minibatches)
-    return s * (4.0 / 3.0) if log_prob_pass else s
+    s = train_seconds(model, tokens, gpus, p, p.schedule.minibatches if updates is None else updates)
+    return s * LOG_PROB_PASS_FACTOR if log_prob_pass else s
 
 
 def default_layout(model: str, gpus: int, trainer_gpus: int, p: SimParams, colocated: bool = False) -> Layout:

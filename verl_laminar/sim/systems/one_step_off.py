@@ -77,10 +77,7 @@ class OneStepOff(Base):
         solo = self.train_time(self._batch_tokens[k], self.setup.layout.trainer_gpus, log_prob_pass=True)
         self._train_start = t
         self._train_epoch += 1
-        if self.machine is not None:
-            self.machine.train(solo, self.setup.layout.trainer_gpus, lambda e=self._train_epoch: self._trained(e))
-        else:
-            self.engine.at(t + solo, self._trained, self._train_epoch)
+        self.run_training(solo, self.setup.layout.trainer_gpus, lambda e=self._train_epoch: self._trained(e))
 
     def _trained(self, epoch: int) -> None:
         if epoch != self._train_epoch:

@@ -19,12 +19,12 @@ import functools
 from dataclasses import dataclass
 
 from verl_laminar.policy.staleness import staleness, trainer_version_at
-from verl_laminar.sim.costs import colocate_switch, g2g_broadcast, train_seconds
+from verl_laminar.sim.costs import colocate_switch, g2g_broadcast
 from verl_laminar.sim.cpu import Machine
 from verl_laminar.sim.engine import Engine
 from verl_laminar.sim.params import SimParams
 from verl_laminar.sim.rollout import Rollout
-from verl_laminar.sim.systems.base import Layout, Meter, Result, Setup, costs_for, shape_of
+from verl_laminar.sim.systems.base import Layout, Meter, Result, Setup, costs_for, shape_of, step_train_seconds
 from verl_laminar.sim.workload import Seq, Workload
 
 
@@ -131,12 +131,8 @@ class _Scheduled:
                 self.trace.append((rid, "gen", t0, t0 + last))
 
     def train(self, tokens: float, gpus: int, updates: int = 1, log_prob_pass: bool = True) -> float:
-        """Seconds to train ``tokens``; verl recomputes the old log-probs first unless in bypass mode (a
-        forward pass: a third of forward + backward on GPUs, measured on a CPU profile)."""
-        if self.p.cpu is not None:
-            return self.p.cpu.train_seconds(tokens, gpus, log_prob_pass)
-        s = train_seconds(self.model, tokens, gpus, self.p, updates)
-        return s * (4.0 / 3.0) if log_prob_pass else s
+        """Seconds to train ``tokens``; verl recomputes the old log-probs first unless in bypass mode."""
+        return step_train_seconds(self.model, tokens, gpus, self.p, log_prob_pass, updates)
 
 
 class Sync(_Scheduled):
