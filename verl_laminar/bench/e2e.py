@@ -64,7 +64,9 @@ def placement(mode: str, args: argparse.Namespace) -> dict:
         return {"trainer_ranks": args.sync_ranks, "rollout_replicas": args.sync_ranks, "colocated": True}
     out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False}
     if mode == "laminar":
-        out["num_warmup_batches"] = LAMINAR_WARMUP
+        out["num_warmup_batches"] = args.laminar_warmup
+        if args.laminar_set:
+            out["laminar_overrides"] = list(args.laminar_set)
     return out
 
 
@@ -78,7 +80,8 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
     if mode in ("laminar", "separate_async"):
         env["REPLICAS"], env["TRAINER_RANKS"] = str(args.replicas), str(args.trainer_ranks)
         if mode == "laminar":
-            env["WARMUP"] = str(LAMINAR_WARMUP)
+            env["WARMUP"] = str(args.laminar_warmup)
+            return ["bash", str(RECIPES / "run_laminar_grpo.sh"), *args.laminar_set], env
         return ["bash", str(RECIPES / f"run_{mode}_grpo.sh")], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
@@ -241,6 +244,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (the first is warm-up)")
     for key in ("batch", "group", "resp", "micro"):
         ap.add_argument(f"--{key}", type=int, default=None, help=f"override the workload's {key}")
+    ap.add_argument("--laminar-warmup", type=int, default=LAMINAR_WARMUP,
+                    help="Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches)")
+    ap.add_argument("--laminar-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override for the laminar mode only, e.g. laminar.dispatch.groups_per_batch=2 "
+                         "(repeatable; recorded in the result's placement)")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench-e2e"), help="run directory (logs, result.json, PNGs)")
     ap.add_argument("--results", default=None,
@@ -254,6 +262,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error(f"--modes {args.modes!r}: unknown {bad}; choose from {', '.join(MODES)}")
     if args.steps < 2:
         ap.error(f"--steps {args.steps}: need >= 2 (the first step is warm-up and not measured)")
+    bad_sets = [kv for kv in args.laminar_set if "=" not in kv or not kv.split("=", 1)[0].strip()]
+    if bad_sets:
+        ap.error(f"--laminar-set {bad_sets}: each must be KEY=VALUE (a Hydra override)")
+    if args.laminar_warmup < 1:
+        ap.error(f"--laminar-warmup {args.laminar_warmup}: need >= 1")
     if min(args.replicas, args.sync_ranks, args.trainer_ranks) < 1:
         ap.error(f"--replicas {args.replicas} / --sync-ranks {args.sync_ranks} / --trainer-ranks "
                  f"{args.trainer_ranks}: need >= 1")
