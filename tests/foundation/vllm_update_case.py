@@ -6,7 +6,7 @@ Run as its own process per case (each engine start forks a vLLM worker; a fresh 
 Steps: save weights A and B; start an engine on B (the fresh-engine reference); push A through verl's bucketed
 sender into ``vLLMColocateWorkerExtension.update_weights_from_ipc`` (what verl's checkpoint engines call), then B
 again; record greedy outputs after each, and which CPU GEMM kernel the linear layers use. ``--gemm torch``
-forces vLLM's torch fallback (``_supports_onednn = False`` before the engine starts); ``auto`` is what a user
+forces vLLM's torch fallback (``_supports_onednn = False`` and no sgl kernel before the engine starts); ``auto`` is what a user
 gets; ``sgl-standin`` / ``zentorch-standin`` take the AMX and zentorch branches with stand-in kernels.
 ``--break-load`` sends a tensor of the wrong shape instead and records the error the update raised; ``--stock``
 pushes A through verl's receiver without the patch and records what that raises.
@@ -142,8 +142,11 @@ def main() -> None:
     dtype = getattr(torch, a.dtype)
     if a.gemm == "torch":
         import vllm._custom_ops as ops
+        import vllm.model_executor.layers.utils as layer_utils
 
         ops._supports_onednn = False
+        # on an AMX CPU the sgl branch comes before oneDNN for bf16: close it too, or "torch" would test sgl
+        layer_utils.check_cpu_sgl_kernel = lambda n, k, dtype: False
     elif a.gemm.endswith("-standin"):
         install_standin(a.gemm)
     from vllm import LLM, SamplingParams
