@@ -62,6 +62,9 @@ REPACK_KV_USE_BEFORE = "laminar/repack/kv_use_before"
 REPACK_KV_USE_AFTER = "laminar/repack/kv_use_after"
 REPACK_ROUNDS = "laminar/repack/rounds"
 REPACK_SEQUENCES = "laminar/repack/sequences_moved"
+# requests a migration meant to move that vLLM did not abort (they finish on their old replica, which then
+# cannot refresh until they end): 0 in a healthy run
+REPACK_NOT_ABORTED = "laminar/repack/requests_not_aborted"
 
 # rollout replica failover under verl (cumulative over the run; written by the Laminar trainer from the
 # router's failure events): replicas found dead, their open groups moved to a live replica of the same

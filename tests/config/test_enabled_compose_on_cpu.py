@@ -84,6 +84,8 @@ def test_enabled_selects_trainer_relay_engine_clip_higher_and_the_laminar_block(
     assert (engine.backend, engine.custom_backend_module) == ("laminar", "verl_laminar.relay.verl_backend")
     assert (cfg.actor_rollout_ref.actor.clip_ratio_low, cfg.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.28)
     assert LaminarConfig.from_omegaconf(cfg.laminar) == LaminarConfig()
+    # repack's aborts find vLLM requests by the ids Laminar gave them (tests/foundation: the vLLM/verl contract)
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION == "1"
 
 
 def test_enabled_changes_exactly_the_keys_of_enabled_yaml(composed):

@@ -55,5 +55,8 @@ def test_rounds_count_moves_and_kv_after_on_busy_replicas():
     assert m["laminar/repack/migrations"] == 1 and m["laminar/repack/sequences_moved"] == 2
     assert m["laminar/repack/kv_use_after"] == pytest.approx((0.4 + 0.5) / 2)  # replica 0 is empty now
     assert m["laminar/repack/seconds"] == pytest.approx(0.02)
+    assert m["laminar/repack/requests_not_aborted"] == 0
     rounds.record([], 1.0, readings)  # a round that moved nothing does not count
     assert rounds.metrics.as_dict()["laminar/repack/migrations"] == 1
+    rounds.record([Migration(1, 2, 0, (3,), 50)], 0.01, readings, not_aborted=1)
+    assert rounds.metrics.as_dict()["laminar/repack/requests_not_aborted"] == 1

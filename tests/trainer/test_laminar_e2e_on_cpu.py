@@ -88,6 +88,8 @@ def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     # every migration moves at least one sequence off the replica it empties
     assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"], last
     assert last["laminar/repack/emptied"] == last["laminar/repack/migrations"]
+    # every request a migration moved was aborted on its source (before the fix none was: vLLM's suffixed ids)
+    assert last["laminar/repack/requests_not_aborted"] == 0, last
 
 
 def test_the_run_leaves_a_timeline_the_report_draws(laminar_run, tmp_path_factory):

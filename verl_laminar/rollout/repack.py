@@ -26,6 +26,7 @@ class RepackMetrics:
     rounds: int = 0
     migrations: int = 0  # replicas emptied onto another (one Migration each, so also the emptied count)
     sequences_moved: int = 0
+    not_aborted: int = 0  # requests of applied moves that vLLM did not abort (they finished on the source)
     round_s: list = field(default_factory=list)  # wall seconds of rounds that moved something
     kv_used_before: list = field(default_factory=list)  # mean fleet KV use before / after each such round
     kv_used_after: list = field(default_factory=list)
@@ -38,7 +39,8 @@ class RepackMetrics:
         out = lm.repack_metrics(self.migrations, self.migrations, mean(self.round_s),
                                 mean(self.kv_used_before) if self.kv_used_before else None,
                                 mean(self.kv_used_after) if self.kv_used_after else None)
-        out.update({lm.REPACK_ROUNDS: float(self.rounds), lm.REPACK_SEQUENCES: float(self.sequences_moved)})
+        out.update({lm.REPACK_ROUNDS: float(self.rounds), lm.REPACK_SEQUENCES: float(self.sequences_moved),
+                    lm.REPACK_NOT_ABORTED: float(self.not_aborted)})
         return out
 
 
@@ -69,8 +71,11 @@ class RepackRounds:
             self.metrics.kv_used_before.append(sum(used) / len(used))
         return plan
 
-    def record(self, plan: Sequence[Migration], seconds: float, readings: Iterable[Mapping]) -> None:
-        """After the executor applied ``plan`` (``readings``: the round's, before the moves): count it."""
+    def record(self, plan: Sequence[Migration], seconds: float, readings: Iterable[Mapping],
+               not_aborted: int = 0) -> None:
+        """After the executor applied ``plan`` (``readings``: the round's, before the moves): count it.
+        ``not_aborted``: requests of those moves that the source's engine did not abort."""
+        self.metrics.not_aborted += int(not_aborted)
         if not plan:
             return
         used = {r["replica_id"]: float(r["kv_used"]) for r in readings}

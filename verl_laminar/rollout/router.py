@@ -334,12 +334,13 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                 vids = sorted(self._requests[m.src])
                 self._migrated.update(vids)
                 aborts.append((m.src, vids))
-            await asyncio.gather(*(self._abort(rid, vids) for rid, vids in aborts))
-            self._rounds.record(applied, self._clock() - t0, readings)
+            left = await asyncio.gather(*(self._abort(rid, vids) for rid, vids in aborts))
+            self._rounds.record(applied, self._clock() - t0, readings, not_aborted=sum(left))
             self._pump()  # the emptied replicas' batches ended: they refresh and take new groups
 
-    async def _abort(self, replica_id: int, vids: list, settle_s: float = 5.0) -> None:
-        """Abort each request; one acquired but not yet admitted by vLLM is retried until it is (or ends)."""
+    async def _abort(self, replica_id: int, vids: list, settle_s: float = 5.0) -> int:
+        """Abort each request; one acquired but not yet admitted by vLLM is retried until it is (or ends).
+        Returns how many could not be aborted (they finish on this replica)."""
         server = self._replicas[replica_id].server
         pending = set(vids)
         deadline = self._clock() + settle_s
@@ -353,12 +354,14 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                 if res.get("aborted"):
                     pending.discard(vid)
             if pending and self._clock() > deadline:
-                logger.warning("repack: %d requests on replica %d could not be aborted; they finish there",
-                               len(pending), replica_id)
+                logger.warning("repack: %d requests on replica %d could not be aborted; they finish there (vLLM "
+                               "did not find their ids: is VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 set for the "
+                               "rollout servers? +laminar=enabled sets it)", len(pending), replica_id)
                 self._migrated.difference_update(pending)
-                return
+                return len(pending)
             if pending:
                 await asyncio.sleep(0.05)
+        return 0
 
     # ---- planning ----
     def _raise_if_failed(self) -> None:
