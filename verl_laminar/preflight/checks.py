@@ -295,6 +295,34 @@ def check_transport(report: Report, lam: Any, role: str) -> None:
     report.add("relay.transport", OK, value + ": Mooncake's Transfer Engine imports on this node")
 
 
+REQUEST_IDS_ENV = "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"
+REQUEST_IDS_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{REQUEST_IDS_ENV}"
+
+
+def check_request_ids(report: Report, cfg: DictConfig, lam: Any, environ: Optional[dict] = None) -> None:
+    """Repack aborts a request on its old replica by the id Laminar gave it; vLLM keeps that id only with
+    ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` set (``+laminar=enabled`` sets it in the job's runtime_env). Without
+    it every abort fails and a moved tail blocks its replica's refresh until it ends."""
+    if not lam.repack.enabled:
+        report.add("repack.request_ids", OK, "repack off (no aborts)")
+        return
+    environ = os.environ if environ is None else environ
+    value = _get(cfg, REQUEST_IDS_KEY)
+    where = REQUEST_IDS_KEY
+    if value is None:
+        value, where = environ.get(REQUEST_IDS_ENV), f"${REQUEST_IDS_ENV}"
+    try:
+        kept = value is not None and int(str(value)) != 0
+    except ValueError:
+        kept = False
+    if kept:
+        report.add("repack.request_ids", OK, f"vLLM keeps Laminar's request ids ({where}={value})")
+        return
+    report.add("repack.request_ids", FAIL, f"{REQUEST_IDS_ENV} is {value!r}: vLLM suffixes request ids and every "
+               "repack abort would fail", f"set ++{REQUEST_IDS_KEY}='1' (what +laminar=enabled sets), or "
+               "laminar.repack.enabled=false")
+
+
 ENGINE_TIMEOUT_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.timeout_s"
 EXPECTED_BYTES_KEY = "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.expected_bytes"
 
@@ -376,6 +404,7 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
     check_placement(report, cfg, p)
     if lam is not None:
         check_transport(report, lam, node_role(opts, p.single_host))
+        check_request_ids(report, prepared, lam)
     version = check_weights(report, prepared, opts, ipc=not cpu_job)
     if lam is not None and version is not None:
         check_relays(report, prepared, lam, opts, p, version)
@@ -393,6 +422,7 @@ def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> R
     p = placement(cfg, single_host=cpu_job)
     check_placement(report, cfg, p)
     check_transport(report, lam, node_role(opts, p.single_host))
+    check_request_ids(report, cfg, lam)
     version = check_weights(report, cfg, opts, ipc=not cpu_job)
     if version is not None:
         check_relays(report, cfg, lam, opts, p, version)
