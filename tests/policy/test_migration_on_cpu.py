@@ -54,3 +54,17 @@ def test_bad_inputs_are_named():
         t = traj(max_tokens=1)
         t.add(Piece((1,), None, 0, 0, False))
         t.next_request()
+
+
+@pytest.mark.parametrize("params,ok", [
+    ({"max_tokens": 8, "temperature": 1.0}, True),
+    ({"structured_outputs": None}, True),  # present but unset constrains nothing
+    ({"structured_outputs": {"regex": "a+"}}, False),
+    ({"guided_regex": "a+"}, False),
+    ({"guided_json": {"type": "object"}}, False),
+    ({"response_format": {"type": "json_object"}}, False),
+])
+def test_only_unconstrained_requests_resume_from_a_partial_response(params, ok):
+    from verl_laminar.policy.migration import resumable
+
+    assert resumable(params) is ok

@@ -95,8 +95,10 @@ class StreamingServer:
 
     def __init__(self, rid: int, version: int = 0) -> None:
         self.rid, self.version, self.live, self.stop = rid, version, {}, set()
+        self.prompts = []  # every request's prompt, in arrival order
 
     async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.prompts.append(list(prompt_ids))
         seq, out = list(prompt_ids), []
         self.live[request_id] = out
         try:
@@ -121,7 +123,11 @@ class StreamingServer:
         return {"aborted": True}
 
 
-def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path):
+@pytest.mark.parametrize("constrained", [False, True], ids=["resumed", "structured_outputs_restarted"])
+def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, constrained):
+    """A migrated tail continues on the target from prompt + partial response; under structured outputs (a regex
+    over the whole response, as the guided tool-calling turn has) it restarts from its prompt instead, since the
+    constraint would otherwise apply to the continuation alone. Either way the output is the whole response."""
     from verl_laminar.policy.repack import RepackConfig
     from verl_laminar.rollout.router import RepackSettings
     from verl_laminar.rollout.vllm_metrics import VllmReading
@@ -153,8 +159,10 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path):
 
             async def session(s):
                 prompt = [ord(gid[-1]), s]
-                return prompt, await client.generate(f"{gid}-{s}", prompt_ids=prompt,
-                                                     sampling_params={"max_tokens": lengths[gid][s]})
+                params = {"max_tokens": lengths[gid][s]}
+                if constrained:
+                    params["structured_outputs"] = {"regex": "[0-9]+"}  # the stand-in server ignores it
+                return prompt, await client.generate(f"{gid}-{s}", prompt_ids=prompt, sampling_params=params)
 
             outs = await asyncio.gather(*[asyncio.create_task(session(s)) for s in range(2)])
             await router.finish_group(gid)
@@ -181,6 +189,10 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path):
                 assert out.stop_reason == "completed" and out.extra_fields["global_steps"] == 0
                 moved += out.extra_fields.get("laminar_migrations", 0)
         assert moved == 1
+        longest_prompt = max(len(p) for srv in servers.values() for p in srv.prompts)
+        # resumed: some request's prompt carried the partial response; restarted: every prompt is an original one
+        assert (longest_prompt == 2) is constrained, longest_prompt
+        assert sum(len(srv.prompts) for srv in servers.values()) == 5  # 4 responses + the one resumed or restarted
         assert router.get_total_inflight() == 0 and all(not s for s in router._requests.values())
 
     asyncio.run(main())

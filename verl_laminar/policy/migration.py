@@ -7,13 +7,26 @@ budget. The trajectory the trainer sees is the concatenation, in order, of every
 is the version both replicas served (repack never crosses versions, see ``policy.repack``).
 
 Tokens the source generated after the last one it streamed back are dropped, not resumed: the target
-regenerates from the last token the client saw, so no token is counted twice or skipped.
+regenerates from the last token the client saw, so no token is counted twice or skipped. A request under a
+whole-response constraint (a regex or grammar) is not resumed but restarted from its prompt (``resumable``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
+
+
+# Sampling keys that constrain a response from its first token (vLLM's structured outputs, the older guided_* keys,
+# an OpenAI-style response_format). A resumed piece would apply the constraint to the continuation alone, as if it
+# were a whole response, so such a request restarts from its prompt on the target instead (``resumable``).
+CONSTRAINED_KEYS = frozenset({"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                              "guided_decoding", "response_format"})
+
+
+def resumable(sampling_params: Mapping[str, Any]) -> bool:
+    """Whether a migrated request may continue from its partial response (no whole-response constraint)."""
+    return not any(sampling_params.get(k) is not None for k in CONSTRAINED_KEYS)
 
 
 class MigrationError(ValueError):

@@ -13,6 +13,8 @@ source. The server then answers with the tokens and log-probs generated so far a
 ``generate`` asks the router whether the request was migrated and, if so, resumes on the group's new
 replica with prompt + partial response and the remaining token budget (``policy.migration``). The agent
 loop receives one output: token ids and log-probs concatenated in order, labelled with the one version.
+A request under structured outputs (a regex or grammar over the whole response) cannot be continued from a
+partial response: it restarts from its prompt on the new replica instead.
 Each vLLM request id is chosen here (not by verl per call) so the router knows which requests to abort.
 
 Replica death: a request whose server actor died fails with a Ray actor error. The client reports it to the
@@ -33,7 +35,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
-from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.policy.migration import Piece, Trajectory, resumable
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.badinput import check_output_tokens
 
@@ -171,6 +173,21 @@ class LaminarLLMServerClient(LLMServerClient):
             finally:
                 _SERVER.reset(token)
 
+    async def _restart(self, pin: Assignment, request_id: str, prompt_ids: list, params: dict, **kwargs: Any) -> Any:
+        """A migrated request under a whole-response constraint (structured outputs): vLLM cannot continue it
+        from a partial response, so it runs again from its prompt on the group's new replica (same version), as
+        often as it is migrated; the aborted pieces are dropped."""
+        restarts, migrated = 0, True
+        while migrated:
+            restarts += 1
+            logger.debug("request %s: restarted from its prompt (migrated by repack under a constraint)", request_id)
+            output, vid = await self._piece(pin, request_id, prompt_ids, params, piece=restarts, **kwargs)
+            check_label(pin, output, f"request {request_id}")
+            self._check_output(output, request_id, self._token_budget(prompt_ids, params))
+            migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
+        output.extra_fields["laminar_migrations"] = restarts
+        return output
+
     async def generate(self, request_id, *, prompt_ids: list, sampling_params: dict, **kwargs: Any):
         pin = GROUP_PIN.get()
         if pin is None:
@@ -181,6 +198,8 @@ class LaminarLLMServerClient(LLMServerClient):
         self._check_output(output, request_id, self._token_budget(list(prompt_ids), sampling_params))
         if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
             return output  # the common case: one piece, verl's output untouched
+        if not resumable(sampling_params):
+            return await self._restart(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         # migrated by repack: resume on the group's new replica until the trajectory is complete
         base = {k: v for k, v in sampling_params.items() if k not in ("max_tokens", "max_new_tokens", "min_tokens")}
         traj = Trajectory(str(request_id), tuple(prompt_ids), self._token_budget(list(prompt_ids), sampling_params),
