@@ -15,8 +15,10 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 def _committed(tmp_path: Path) -> Path:
     """The newest committed inputs of each kind, copied, so a test can also remove one."""
+    profile = v.newest("cpu_profile_*.json", RESULTS)
     for pattern in ("cpu_profile_*.json", "bench_e2e_paper_*.json", "bench_relay_sweep_*.json", "bench_repack_2*.json"):
-        src = v.newest(pattern, RESULTS)
+        # the benchmark the validation reads: the newest measured on the profile's machine
+        src = v.same_machine(profile, pattern, RESULTS) if pattern.startswith("bench_e2e") else v.newest(pattern, RESULTS)
         shutil.copy(src, tmp_path / src.name)
     return tmp_path
 
@@ -66,3 +68,21 @@ def test_the_cli_exits_nonzero_unless_every_prediction_is_within(tmp_path, capsy
     out = json.loads(capsys.readouterr().out)
     assert out["label"] == "SIMULATED" and "ratios" in out
     assert rc == (0 if out["all_within"] else 1)
+
+
+def test_validation_reads_the_benchmark_measured_on_the_profiles_machine(tmp_path):
+    import json
+
+    from verl_laminar.sim.validate import same_machine
+
+    def put(name, cpu):
+        (tmp_path / name).write_text(json.dumps({"machine": {"cpu_model": cpu, "cpus": 2}}))
+
+    put("cpu_profile_2026-12-01.json", "AMD EPYC")
+    put("bench_e2e_paper_2026-12-01.json", "AMD EPYC")
+    put("bench_e2e_paper_2026-12-02.json", "Intel Xeon")  # newer, but another machine kind
+    got = same_machine(tmp_path / "cpu_profile_2026-12-01.json", "bench_e2e_paper_*.json", tmp_path)
+    assert got.name == "bench_e2e_paper_2026-12-01.json"
+    put("cpu_profile_2026-12-03.json", "Other CPU")
+    with pytest.raises(FileNotFoundError, match="Other CPU"):
+        same_machine(tmp_path / "cpu_profile_2026-12-03.json", "bench_e2e_paper_*.json", tmp_path)

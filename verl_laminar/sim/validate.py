@@ -53,6 +53,22 @@ def newest(pattern: str, results: Path = RESULTS) -> Path:
     return found[-1]
 
 
+def same_machine(profile_path: Path, pattern: str, results: Path = RESULTS) -> Path:
+    """The newest ``pattern`` file measured on the profile's machine kind (CPU model and core count): costs
+    measured on one CPU say nothing of a benchmark run on another (an AMX Xeon decodes the fixture about 1.6x
+    slower than an AVX512-BF16 EPYC in the committed runs)."""
+    def kind(path: Path) -> tuple:
+        m = json.loads(path.read_text()).get("machine") or {}
+        return m.get("cpu_model"), m.get("cpus")
+
+    want = kind(profile_path)
+    found = [p for p in sorted(results.glob(pattern)) if kind(p) == want]
+    if not found:
+        raise FileNotFoundError(f"no {results.name}/{pattern} measured on {want} (the machine of {profile_path.name}): "
+                                "run bench.cpu_profile and the benchmark on one machine kind, with --results")
+    return found[-1]
+
+
 def prompt_tokens(data_dir: Optional[Path] = None) -> float:
     """Median prompt length of the CPU recipes' toy math rows, with the fixture's chat template."""
     import pandas as pd
@@ -157,7 +173,8 @@ RATIOS = (("laminar_vs_sync", "speedup", "sync"), ("laminar_vs_sync_bypass", "sp
 
 
 def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional[float] = None) -> dict:
-    prof_path, e2e_path = newest("cpu_profile_*.json", results), newest("bench_e2e_paper_*.json", results)
+    prof_path = newest("cpu_profile_*.json", results)
+    e2e_path = same_machine(prof_path, "bench_e2e_paper_*.json", results)
     relay_path = next(iter(sorted(results.glob("bench_relay_sweep_*.json"))[-1:]), None)
     profile = load_profile(prof_path, relay_path)
     e2e = json.loads(e2e_path.read_text())
