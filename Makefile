@@ -14,7 +14,7 @@ fixtures: setup
 # The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (4 steps each, the
 # paper-regime workload), one summary screen and the pictures; verl/vLLM output goes to runs/demo/<mode>.log.
 demo: fixtures
-	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.demo $(DEMO_ARGS)
+	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.bench.demo $(DEMO_ARGS)
 	$(MAKE) clean-shm
 
 # Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from verl_laminar.bench.e2e_report import RunRecord
+from verl_laminar.report.runlog import RunRecord
 
 logger = logging.getLogger("verl_laminar.smoke")
 

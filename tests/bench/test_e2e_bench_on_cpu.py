@@ -1,5 +1,5 @@
 """The benchmark's workloads, its result (ratios, generation share, placement) and the demo's screen, on
-summaries shaped like e2e_report's (no processes)."""
+summaries shaped like report.runlog's (no processes)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_laminar import demo
+from verl_laminar.bench import demo
 from verl_laminar.bench import e2e
 from verl_laminar.bench import workloads as wl
-from verl_laminar.bench.e2e_report import RunRecord, summarise
+from verl_laminar.report.runlog import RunRecord, summarise
 from verl_laminar.bench.provenance import missing, provenance
 
 

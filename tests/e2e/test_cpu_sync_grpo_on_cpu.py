@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from laminar_testing import REPO
-from verl_laminar.bench.e2e_report import parse_step_line
+from verl_laminar.report.runlog import parse_step_line
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # timeout: the run plus its checks
 

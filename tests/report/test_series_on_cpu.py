@@ -4,7 +4,7 @@ the version the replica holds; staleness falls back to the timeline's step recor
 from __future__ import annotations
 
 from verl_laminar import timeline as tl
-from verl_laminar.bench.e2e_report import RunRecord
+from verl_laminar.report.runlog import RunRecord
 from verl_laminar.report.series import GENERATING, IDLE, LOADING, Segment, staleness_counts, timeline_series, union
 
 

@@ -27,7 +27,7 @@ def replicas(tiny_model_dir):
         "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}}).remote(
         i, str(tiny_model_dir), kv_cache_bytes=4 << 20, max_num_seqs=32, max_model_len=384, dtype="float32")
         for i in range(2)}
-    from verl_laminar.bench.repack import reap
+    from verl_laminar.platform.procs import reap
 
     try:
         ray.get([r.start.remote() for r in reps.values()])

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from laminar_testing import REPO
-from verl_laminar.bench.e2e_report import RunRecord, STALENESS_HIST
+from verl_laminar.report.runlog import RunRecord, STALENESS_HIST
 from verl_laminar.smoke import evaluate, shm_entries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB on a 2-core host  # timeout: the run plus its checks

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from laminar_testing import run_cpu_laminar
-from verl_laminar.bench.e2e_report import RunRecord
+from verl_laminar.report.runlog import RunRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB on a 2-core host  # timeout: the run plus its checks
 

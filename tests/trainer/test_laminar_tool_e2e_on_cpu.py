@@ -26,7 +26,7 @@ import subprocess
 import pytest
 
 from laminar_testing import REPO
-from verl_laminar.bench.e2e_report import RunRecord
+from verl_laminar.report.runlog import RunRecord
 
 pytestmark = [
     pytest.mark.e2e,  # ~8 min and ~10 GB on a 2-core host

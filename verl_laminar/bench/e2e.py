@@ -7,7 +7,7 @@
 Dataflow: for each mode, one recipe run (recipes/cpu/run_*.sh with the workload's BATCH/GROUP/RESP/MICRO and
 seeded length distribution: the same prompts, seeds and per-trajectory lengths in every mode) -> its console
 lines timestamped as they arrive (OUT/<mode>.log; Laminar's trainer also leaves OUT/<mode>/checkpoints/
-laminar_timeline.jsonl) -> e2e_report.summarise (steady-state tokens/s from the step lines, time breakdown,
+laminar_timeline.jsonl) -> report.runlog.summarise (steady-state tokens/s from the step lines, time breakdown,
 staleness) -> one JSON with every ratio and its provenance -> verl_laminar.report pictures. Runs are
 sequential: two verl runs at once do not fit in this host's memory, and would share its two cores.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verl_laminar.bench import workloads as wl
-from verl_laminar.bench.e2e_report import RunRecord, compare, summarise
+from verl_laminar.report.runlog import RunRecord, compare, summarise
 from verl_laminar.bench.provenance import claim_result_path, provenance
 
 logger = logging.getLogger("verl_laminar.bench.e2e")

@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from verl_laminar import metrics as lm
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.platform.procs import reap
 from verl_laminar.policy.dispatch import (
     DispatchConfig,
     apply_plan,
@@ -325,32 +326,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         trees = await asyncio.gather(*(r.pids.remote() for r in replicas.values()), return_exceptions=True)
         await asyncio.gather(*(r.shutdown.remote() for r in replicas.values()), return_exceptions=True)
         reap([p for t in trees if isinstance(t, list) for p in t[1:]])  # not the actors: Ray ends those
-
-
-def reap(pids: list[int], grace_s: float = 5.0) -> list[int]:
-    """End what the replicas started (vLLM engine and worker processes) if it outlived them; by PID."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            procs.append(p)
-            procs.extend(p.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return [p.pid for p in procs]
 
 
 async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.Namespace) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class FailoverMixin:
         """Mark dead once, fence it, plan failover (pure policy) and execute the plan."""
         import ray
 
-        from verl_laminar.bench.repack import reap
+        from verl_laminar.platform.procs import reap
 
         if rid in self._failing or not self.state.replica(rid).alive:
             return

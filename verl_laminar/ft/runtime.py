@@ -225,7 +225,7 @@ class FtRuntime(FailoverMixin):
     async def shutdown(self) -> None:
         import ray
 
-        from verl_laminar.bench.repack import reap
+        from verl_laminar.platform.procs import reap
 
         self._stop.set()
         for t in list(self.tasks):

@@ -6,7 +6,7 @@ Two layouts:
                 for Laminar modes, ``RUN_DIR/result.json``
     plain run   a verl run's console log(s) ``*.log`` (no time prefix), maybe a ``laminar_timeline.jsonl``
                 anywhere below
-Step lines are parsed by ``bench.e2e_report`` (the benchmark's own parser), so both agree on every number.
+Step lines are parsed by ``report.runlog`` (the parser the benchmark uses too), so both agree on every number.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from verl_laminar import timeline as tl
-from verl_laminar.bench.e2e_report import RunRecord, read_log
+from verl_laminar.report.runlog import RunRecord, read_log
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 
 from verl_laminar import metrics as lm
 from verl_laminar import timeline as tl
-from verl_laminar.bench.e2e_report import STALENESS_HIST, RunRecord, summarise
+from verl_laminar.report.runlog import STALENESS_HIST, RunRecord, summarise
 
 GENERATING, LOADING, IDLE = "generating", "loading", "idle"
 TOKENS = "perf/total_num_tokens"

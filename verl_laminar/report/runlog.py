@@ -1,4 +1,4 @@
-"""Pure parsing and summarising for the end-to-end benchmark (no processes, no Ray: unit-tested on text).
+"""Pure parsing and summarising of a run's console log (no processes, no Ray: unit-tested on text).
 
 verl's console tracker prints one line per training step, ``step:N - key:value - key:value ...``, where a
 value may be a numpy repr (``np.float64(2.0)``). The benchmark timestamps every line as it arrives; the time
@@ -146,7 +146,7 @@ def read_log(path: str, name: str) -> tuple[RunRecord, bool]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m verl_laminar.bench.e2e_report LOG [--name N]``: the summary of one saved console log
+    """``python -m verl_laminar.report.runlog LOG [--name N]``: the summary of one saved console log
     (for example a long run's reward curve: ``score_mean`` per step)."""
     import argparse
     import json

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verl_laminar.bench import e2e
-from verl_laminar.bench.e2e_report import RunRecord, compare, parse_step_line, summarise
+from verl_laminar.report.runlog import RunRecord, compare, parse_step_line, summarise
 
 LINE = ("\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:{step} - perf/total_num_tokens:{tok} - timing_s/step:{ts} - "
         "critic/score/mean:{score} - num_turns/mean:np.float64(2.0) - laminar/staleness/hist_0:{h0} - "

@@ -1,7 +1,7 @@
 """``make demo``: Laminar and verl's synchronous trainer side by side on the CPU fixtures, on one screen.
 
-    python -m verl_laminar.demo                   # paper-regime workload, 4 steps each, runs/demo/
-    python -m verl_laminar.demo --results docs/results  # also the committed JSON + pictures
+    python -m verl_laminar.bench.demo                   # paper-regime workload, 4 steps each, runs/demo/
+    python -m verl_laminar.bench.demo --results docs/results  # also the committed JSON + pictures
 
 Dataflow: bench.e2e.run (the benchmark's own loop: one recipe run per mode, console lines into
 runs/demo/<mode>.log, summaries, result JSON, report pictures) with a progress callback that prints one line per
@@ -21,8 +21,8 @@ from typing import Optional
 from verl_laminar import metrics as lm
 from verl_laminar.bench import e2e
 
-logger = logging.getLogger("verl_laminar.demo")
-REPO = Path(__file__).resolve().parents[1]
+logger = logging.getLogger("verl_laminar.bench.demo")
+REPO = Path(__file__).resolve().parents[2]
 # Seconds from launch to the first step line on this kind of host (engines, FSDP, the first step), used for
 # the estimate until a mode has measured its own.
 STARTUP_GUESS_S = 150.0
@@ -114,7 +114,7 @@ def summary_lines(result: dict, pictures: list[Path], out: Path) -> list[str]:
 
 def _console() -> logging.Logger:
     """The demo's own lines, bare, on stdout; everything else (this package's INFO logs) goes to demo.log."""
-    con = logging.getLogger("verl_laminar.demo.console")
+    con = logging.getLogger("verl_laminar.bench.demo.console")
     con.propagate = False
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -160,7 +160,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # the provenance records the command as typed (the demo's own arguments), not the benchmark's expansion of it
     typed = sys.argv[1:] if argv is None else argv
-    result, pictures = e2e.run(args, progress, typed, module="verl_laminar.demo")
+    result, pictures = e2e.run(args, progress, typed, module="verl_laminar.bench.demo")
     con.info("")
     for line in summary_lines(result, pictures, out):
         con.info("%s", line)
