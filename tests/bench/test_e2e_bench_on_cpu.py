@@ -57,16 +57,20 @@ def test_default_modes_are_every_baseline_and_overrides_reach_the_recipe(tmp_pat
 
 def test_laminar_settings_reach_only_the_laminar_recipe_and_are_recorded(tmp_path):
     args = e2e.parse_args(["--out", str(tmp_path), "--laminar-warmup", "4",
-                           "--laminar-set", "laminar.dispatch.groups_per_batch=2",
+                           "--laminar-set", "laminar.dispatch.groups_per_batch=3",
                            "--laminar-set", "laminar.cpu_priority=false"])
     cmd, env = e2e.mode_command("laminar", args)
-    assert cmd[-2:] == ["laminar.dispatch.groups_per_batch=2", "laminar.cpu_priority=false"]
+    # the user's value replaces the benchmark's default of the same key, in the default's place
+    assert cmd[-2:] == ["laminar.dispatch.groups_per_batch=3", "laminar.cpu_priority=false"]
     assert env["WARMUP"] == "4"
     for mode in ("sync", "sync_bypass", "separate_async"):
         assert not any("groups_per_batch" in c for c in e2e.mode_command(mode, args)[0])
     placed = e2e.placement("laminar", args)
     assert placed["num_warmup_batches"] == 4
-    assert placed["laminar_overrides"] == ["laminar.dispatch.groups_per_batch=2", "laminar.cpu_priority=false"]
+    assert placed["laminar_overrides"] == ["laminar.dispatch.groups_per_batch=3", "laminar.cpu_priority=false"]
+    defaults = e2e.parse_args(["--out", str(tmp_path)])
+    assert e2e.mode_command("laminar", defaults)[0][-1] == "laminar.dispatch.groups_per_batch=2"
+    assert e2e.mode_command("laminar", defaults)[1]["WARMUP"] == str(e2e.LAMINAR_WARMUP)
     for bad in (["--laminar-set", "groups_per_batch"], ["--laminar-set", "=2"], ["--laminar-warmup", "0"]):
         with pytest.raises(SystemExit):
             e2e.parse_args(bad)

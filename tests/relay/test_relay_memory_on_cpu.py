@@ -247,12 +247,12 @@ def test_master_publish_raises_to_the_trainer(tmp_path, small_fs):
 
 
 def test_receiving_relay_short_of_memory_fails_newest_then_heals(tmp_path, monkeypatch):
-    import verl_laminar.relay.store as store_mod
+    import verl_laminar.relay.layout as layout_mod  # ensure_free and _reserve read free_bytes there
 
     src = Relay("src", root=str(tmp_path / "src"), io_timeout_s=5.0)
     dst = Relay("dst", root=str(tmp_path / "dst"), io_timeout_s=5.0, memory_error_grace_s=0.0)
     free = {src.store.root: 10 * W, dst.store.root: W // 2}
-    monkeypatch.setattr(store_mod, "free_bytes", lambda path: free[path])
+    monkeypatch.setattr(layout_mod, "free_bytes", lambda path: free[path])
     try:
         addrs = {r.relay_id: r.address() for r in (src, dst)}
         for r in (src, dst):

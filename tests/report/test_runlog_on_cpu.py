@@ -54,10 +54,36 @@ def test_modes_run_the_shared_recipes_with_the_skewed_workload(tmp_path):
     cmd, env = e2e.mode_command("sync", args)
     assert cmd[-1].endswith("run_sync_grpo.sh") and env["N_RANKS"] == "2" and env["SKEW"] == "1"
     cmd, env = e2e.mode_command("laminar", args)
-    assert cmd[-1].endswith("run_laminar_grpo.sh") and env["REPLICAS"] == "4" and env["PYTHONUNBUFFERED"] == "1"
+    assert cmd[1].endswith("run_laminar_grpo.sh") and env["REPLICAS"] == "4" and env["PYTHONUNBUFFERED"] == "1"
     cmd, _ = e2e.mode_command("sync_bypass", args)
     assert "algorithm.rollout_correction.bypass_mode=true" in cmd
     with pytest.raises(SystemExit):
         e2e.parse_args(["--modes", "sync,nope"])
     with pytest.raises(SystemExit):
         e2e.parse_args(["--steps", "1"])
+
+
+def _buffered(step, tok, finished, trained, in_flight):
+    return (f"step:{step} - perf/total_num_tokens:{tok} - laminar/trajectories/finished:{finished} - "
+            f"laminar/trajectories/trained:{trained} - laminar/trajectories/in_flight:{in_flight}")
+
+
+def test_a_drained_buffer_is_not_credited_to_the_window():
+    # the window (steps 2-3) trains 16 trajectories; 6 of them sat finished in the buffer before it began, and the
+    # in-flight count fell by 4 (half of each counted as done before the window): 8 trajectories' worth drained
+    run = RunRecord("laminar").feed_all([(10.0, _buffered(1, 4000, finished=8, trained=8, in_flight=6)),
+                                         (30.0, _buffered(2, 4000, finished=4, trained=16, in_flight=4)),
+                                         (50.0, _buffered(3, 4000, finished=2, trained=24, in_flight=2))])
+    s = summarise(run)
+    assert s["tokens_per_s_trained"] == pytest.approx(8000 / 40)
+    assert s["buffer"]["drained_trajectories"] == pytest.approx(6 + 0.5 * 4)
+    assert s["buffer"]["drained_tokens_est"] == pytest.approx(8 * 500)  # 8000 tokens over 16 trajectories
+    assert s["tokens_per_s"] == pytest.approx((8000 - 4000) / 40)
+
+
+def test_a_buffer_that_fills_adds_to_the_window_and_a_sync_log_is_unchanged():
+    filling = RunRecord("laminar").feed_all([(0.0, _buffered(1, 1000, 0, 8, 4)), (10.0, _buffered(2, 1000, 8, 16, 4))])
+    s = summarise(filling)
+    assert s["tokens_per_s"] == pytest.approx((1000 + 8 * 125) / 10)  # 8 trajectories generated, not yet trained
+    sync = summarise(RunRecord("sync").feed_all([(0.0, _line(1)), (10.0, _line(2))]))
+    assert "buffer" not in sync and sync["tokens_per_s"] == pytest.approx(100.0)

@@ -16,7 +16,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 def _committed(tmp_path: Path) -> Path:
     """The newest committed inputs of each kind, copied, so a test can also remove one."""
     profile = v.newest("cpu_profile_*.json", RESULTS)
-    for pattern in ("cpu_profile_*.json", "bench_e2e_paper_*.json", "bench_relay_sweep_*.json", "bench_repack_2*.json"):
+    for pattern in ("cpu_profile_*.json", v.E2E_PATTERN, "bench_relay_sweep_*.json", "bench_repack_2*.json"):
         # the benchmark the validation reads: the newest measured on the profile's machine
         src = v.same_machine(profile, pattern, RESULTS) if pattern.startswith("bench_e2e") else v.newest(pattern, RESULTS)
         shutil.copy(src, tmp_path / src.name)
@@ -25,7 +25,7 @@ def _committed(tmp_path: Path) -> Path:
 
 def test_validation_reads_the_committed_measurements_and_reports_every_ratio(tmp_path):
     res = v.validate(_committed(tmp_path), seeds=range(2), prompt=89.0)
-    e2e = json.loads(v.newest("bench_e2e_paper_*.json", tmp_path).read_text())
+    e2e = json.loads(v.newest(v.E2E_PATTERN, tmp_path).read_text())
     for name, key, _ in v.RATIOS:
         row = res["ratios"][name]
         assert row["measured"] == pytest.approx(e2e[key], abs=1e-3)  # read, not typed in

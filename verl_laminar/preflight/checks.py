@@ -18,85 +18,29 @@ import logging
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl_laminar.preflight.report import (  # noqa: F401  (re-exported: callers import them from checks)
+    BUCKET_KEY,
+    CUDA_RESERVE_BYTES,
+    FAIL,
+    GIB,
+    OK,
+    UTIL_KEY,
+    WARN,
+    Options,
+    PreflightError,
+    Report,
+    Row,
+    _gb,
+    _get,
+    trainer_mode,
+)
+
 logger = logging.getLogger(__name__)
-
-GIB = 1024**3
-OK, WARN, FAIL = "ok", "warn", "fail"
-BUCKET_KEY = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
-UTIL_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
-# What a rollout GPU holds besides vLLM's share (gpu_memory_utilization) and verl's weight bucket: the CUDA
-# context of the engine and of verl's sender process, allocator slack. An assumption, stated in the row.
-CUDA_RESERVE_BYTES = 2 * GIB
-
-
-class PreflightError(RuntimeError):
-    """A check failed; the message lists every failing row with its fix."""
-
-
-@dataclass(frozen=True)
-class Row:
-    check: str
-    status: str
-    value: str
-    detail: str = ""
-
-
-@dataclass
-class Options:
-    target: str = "auto"  # what the recipe is for: auto (this process's platform), gpu, cpu
-    link_gbps: Optional[float] = None  # None: laminar.relay.link_gbps
-    gpu_memory_gib: float = 80.0  # per rollout GPU (H100/A100-80GB; H200: 141)
-    # the GPU size above is an assumption, not a measurement: the preflight fails on it (its user can pass the real
-    # size), the checks at the start of a run only warn (its TaskRunner sees no rollout GPU to measure)
-    memory_estimate_fails: bool = True
-    node_role: str = "auto"  # the relay role of the node the checks run on: auto, rollout, master, trainer, none
-    model_config: Optional[str] = None  # a config.json for a model that is neither local nor shipped
-    shm_path: str = "/dev/shm"
-    construct_trainer: bool = True
-
-
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)  # the numbers behind the rows, for --json and tests
-
-    @property
-    def failed(self) -> list[Row]:
-        return [r for r in self.rows if r.status == FAIL]
-
-    def add(self, check: str, status: str, value: str, detail: str = "") -> None:
-        self.rows.append(Row(check, status, value, detail))
-
-    def to_json(self) -> dict:
-        return {"ok": not self.failed, "rows": [asdict(r) for r in self.rows], "facts": self.facts}
-
-    def table(self) -> str:
-        width = max([len(r.check) for r in self.rows] + [5])
-        lines = [f"{'check':<{width}}  status  value", f"{'-' * width}  ------  -----"]
-        for r in self.rows:
-            lines.append(f"{r.check:<{width}}  {r.status:<6}  {r.value}")
-            if r.detail and r.status != OK:
-                lines.append(f"{'':<{width}}          -> {r.detail}")
-        verdict = (f"{len(self.failed)} check(s) would fail: " + ", ".join(r.check for r in self.failed)
-                   if self.failed else "every check passed")
-        return "\n".join(lines + ["", verdict])
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
-
-
-def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(cfg, key, default=default)
-
-
-def trainer_mode(cfg: DictConfig) -> str:
-    return str(_get(cfg, "trainer.v1.trainer_mode", "sync"))
 
 
 # ---- placement ----

@@ -172,6 +172,9 @@ class Schedule:
     # holds this many steps of finished groups the trainer has not taken (backpressure); the same
     # rule for both -- assumption (swept).
     async_buffer_steps: float = 1.0
+    # Laminar's laminar.dispatch.groups_per_batch: prompt groups one rollout takes per batch (one weight version);
+    # None is the product's default, ceil(prompts_per_step / rollouts)
+    groups_per_batch: Optional[int] = None
     sync_steps: int = 3  # steps simulated; every step of a synchronous system is alike
     pipeline_steps: int = 5  # one-step-stale / streaming: publications simulated; the first is warm-up
     pipeline_warmup: int = 1

@@ -2,7 +2,7 @@
 
 Dataflow: the newest committed ``docs/results/cpu_profile_*.json`` (micro benchmarks, ``bench.cpu_profile``)
 -> ``sim.cpu.CpuProfile`` -> the CPU end-to-end benchmark's workload and placement, read from the newest
-``docs/results/bench_e2e_paper_*.json`` (prompts per step, group size, the length distribution, each mode's
+``docs/results/bench_e2e*_paper_*.json`` (prompts per step, group size, the length distribution, each mode's
 trainer ranks and replicas) -> every mode simulated over ``seeds`` draws of that workload -> each predicted
 ratio beside the measured one, with its error; and the repack gain beside ``bench_repack_*.json``.
 
@@ -34,9 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"
 TOLERANCE = 0.20  # issue: each predicted ratio within 20% of its measured value
 REPACK_TOLERANCE = 0.15  # and the repack gain within 0.15
-# bench.e2e's Laminar keeps trainer.v1.laminar.num_warmup_batches = 3 batches ahead of the trainer: one
-# generating, the rest may wait finished in the buffer
+# bench.e2e's Laminar keeps trainer.v1.laminar.num_warmup_batches batches ahead of the trainer (its placement
+# records how many; 3 before it did): one generating, the rest may wait finished in the buffer
 LAMINAR_AHEAD_BATCHES = 3
+GROUPS_PER_BATCH_KEY = "laminar.dispatch.groups_per_batch"
+E2E_PATTERN = "bench_e2e*_paper_*.json"  # bench.e2e --results under any --name
 E2E_SYSTEMS = {"laminar": "laminar", "sync": "sync", "sync_bypass": "sync_bypass", "separate_async": "separate_async"}
 # recipes/cpu/run_laminar_grpo.sh: repack on, a round every REPACK_INTERVAL (default 1.0) s
 E2E_REPACK_INTERVAL_S = 1.0
@@ -62,7 +64,9 @@ def same_machine(profile_path: Path, pattern: str, results: Path = RESULTS) -> P
         return m.get("cpu_model"), m.get("cpus")
 
     want = kind(profile_path)
-    found = [p for p in sorted(results.glob(pattern)) if kind(p) == want]
+    # newest by when it was measured (the record's date), not by name: two runs of one day differ in name only
+    found = sorted((p for p in results.glob(pattern) if kind(p) == want),
+                   key=lambda p: (json.loads(p.read_text()).get("date") or "", p.name))
     if not found:
         raise FileNotFoundError(f"no {results.name}/{pattern} measured on {want} (the machine of {profile_path.name}): "
                                 "run bench.cpu_profile and the benchmark on one machine kind, with --results")
@@ -91,13 +95,25 @@ def e2e_params(profile: CpuProfile, e2e: dict, prompt: float, repack_pause_s: fl
     task = Task("cpu_e2e", prompt_median=prompt, prompt_sigma=0.05, prompt_max=int(prompt * 2),
                 response_median=float(lengths["median"]), response_sigma=0.0, response_max=int(lengths["cap"]),
                 response_lengths=skewed_lengths(lengths))
+    lam = (e2e.get("runs", {}).get("laminar") or {}).get("placement") or {}
+    ahead = int(lam.get("num_warmup_batches", LAMINAR_AHEAD_BATCHES))
     sched = Schedule(prompts_per_step=int(w["prompts_per_step"]), group_size=int(w["responses_per_prompt"]),
-                     minibatches=1, async_buffer_steps=float(LAMINAR_AHEAD_BATCHES - 1),
+                     minibatches=1, async_buffer_steps=float(ahead - 1), groups_per_batch=laminar_groups_per_batch(lam),
                      repack_interval_s=E2E_REPACK_INTERVAL_S, repack_pause_s=repack_pause_s,
                      sync_steps=steps, pipeline_steps=steps, pipeline_warmup=1, async_steps=steps, async_warmup=1)
     # KV, batch cap and C_max are the engine's (the profile's); the event grid is finer than the GPU's
     inf = Inference(event_quantum_tokens=1.0)
     return SimParams(inference=inf, schedule=sched, tasks=(task,), cpu=profile)
+
+
+def laminar_groups_per_batch(placement: dict) -> Optional[int]:
+    """The benchmark's ``--laminar-set laminar.dispatch.groups_per_batch=N`` (its placement records the overrides),
+    or None for the product's default."""
+    for kv in placement.get("laminar_overrides") or []:
+        key, _, value = kv.partition("=")
+        if key.strip().lstrip("+") == GROUPS_PER_BATCH_KEY and value.strip() not in ("", "null"):
+            return int(value)
+    return None
 
 
 def skewed_lengths(lengths: dict, prompts: int = 2048) -> Empirical:
@@ -174,7 +190,7 @@ RATIOS = (("laminar_vs_sync", "speedup", "sync"), ("laminar_vs_sync_bypass", "sp
 
 def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional[float] = None) -> dict:
     prof_path = newest("cpu_profile_*.json", results)
-    e2e_path = same_machine(prof_path, "bench_e2e_paper_*.json", results)
+    e2e_path = same_machine(prof_path, E2E_PATTERN, results)
     relay_path = next(iter(sorted(results.glob("bench_relay_sweep_*.json"))[-1:]), None)
     profile = load_profile(prof_path, relay_path)
     e2e = json.loads(e2e_path.read_text())

@@ -27,7 +27,7 @@ class AsyncBase(Base):
         super().__init__(setup, warmup=s.async_warmup)
         self.batch_groups = s.prompts_per_step
         self.buffer_cap = max(1, int(s.async_buffer_steps * s.prompts_per_step))  # groups
-        self.target_groups = max(1, math.ceil(s.prompts_per_step / len(self.rollouts)))
+        self.target_groups = s.groups_per_batch or max(1, math.ceil(s.prompts_per_step / len(self.rollouts)))
         self.buffer: deque[Group] = deque()
         self.records: list[tuple[float, int, int, int, int, int]] = []  # traced: (t, sid, gid, first, last version, staleness)
         self.consumed: list[int] = []  # group ids the trainer took, in order
