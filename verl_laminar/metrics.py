@@ -42,6 +42,7 @@ TRAJECTORIES_IN_FLIGHT = "laminar/trajectories/in_flight"
 TRAJECTORIES_FINISHED = "laminar/trajectories/finished"
 TRAJECTORIES_TRAINED = "laminar/trajectories/trained"
 TRAJECTORIES_DISCARDED = "laminar/trajectories/discarded"
+TRAJECTORIES_FINISHED_TOKENS = "laminar/trajectories/finished_tokens"  # prompt + response tokens of "finished"
 BUFFER_READY_GROUPS = "laminar/buffer/ready_groups"
 BUFFER_PARTIAL_GROUPS = "laminar/buffer/partial_groups"
 BUFFER_DUPLICATES = "laminar/buffer/duplicates"
@@ -79,6 +80,7 @@ _COUNT_NAMES = {
     "finished": TRAJECTORIES_FINISHED,
     "trained": TRAJECTORIES_TRAINED,
     "discarded": TRAJECTORIES_DISCARDED,
+    "finished_tokens": TRAJECTORIES_FINISHED_TOKENS,
 }
 
 

@@ -58,11 +58,12 @@ def test_ledger_lifecycle_and_counts():
     led = Ledger()
     led.start("g_0", "g", 0, 1)
     led.start("g_1", "g", 0, 1)
-    assert led.counts() == {"in_flight": 2, "finished": 0, "trained": 0, "discarded": 0}
+    assert led.counts() == {"in_flight": 2, "finished": 0, "trained": 0, "discarded": 0, "finished_tokens": 0}
     led.finish(rec("g_0"))
-    led.finish(rec("g_1", replica=2))  # moved by repack: same version, another replica
+    led.finish(rec("g_1", replica=2, r=7))  # moved by repack: same version, another replica
+    assert led.counts()["finished_tokens"] == (10 + 5) + (10 + 7)  # prompt + response of each untrained one
     assert [r.key for r in led.trained(["g_0", "g_1"], step=4)] == ["g_0", "g_1"]
-    assert led.counts() == {"in_flight": 0, "finished": 0, "trained": 2, "discarded": 0}
+    assert led.counts() == {"in_flight": 0, "finished": 0, "trained": 2, "discarded": 0, "finished_tokens": 0}
     led.check_nothing_lost()
 
 
@@ -237,7 +238,7 @@ def test_a_finished_trajectory_of_a_given_up_group_that_verl_trains_counts_as_tr
         ledger.discard(f"g_{i}", "replica 1 died")
     assert ledger.counts()["discarded"] == 2
     assert [r.key for r in ledger.trained(["g_0"], 2)] == ["g_0"]
-    assert ledger.counts() == {"in_flight": 0, "finished": 0, "trained": 1, "discarded": 1}
+    assert ledger.counts() == {"in_flight": 0, "finished": 0, "trained": 1, "discarded": 1, "finished_tokens": 0}
     ledger.check_nothing_lost()
     import pytest
 

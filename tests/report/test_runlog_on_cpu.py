@@ -87,3 +87,15 @@ def test_a_buffer_that_fills_adds_to_the_window_and_a_sync_log_is_unchanged():
     assert s["tokens_per_s"] == pytest.approx((1000 + 8 * 125) / 10)  # 8 trajectories generated, not yet trained
     sync = summarise(RunRecord("sync").feed_all([(0.0, _line(1)), (10.0, _line(2))]))
     assert "buffer" not in sync and sync["tokens_per_s"] == pytest.approx(100.0)
+
+
+def test_logged_buffer_tokens_replace_the_mean_estimate():
+    def line(step, tok, finished, finished_tokens, trained, in_flight):
+        return (_buffered(step, tok, finished, trained, in_flight)
+                + f" - laminar/trajectories/finished_tokens:{finished_tokens}")
+    # 4 finished trajectories drained, which the trainer logged as 3000 tokens (long ones), not 4 x the mean 500
+    run = RunRecord("laminar").feed_all([(0.0, line(1, 4000, 6, 4200, 8, 4)), (20.0, line(2, 4000, 2, 1200, 16, 4))])
+    s = summarise(run)
+    assert s["buffer"]["finished_tokens_logged"] is True
+    assert s["buffer"]["drained_tokens_est"] == pytest.approx(3000)
+    assert s["tokens_per_s"] == pytest.approx((4000 - 3000) / 20)

@@ -156,8 +156,10 @@ class Ledger:
             raise InvariantViolation(f"{len(lost)} trajectories were neither trained nor discarded: {lost[:10]}")
 
     def counts(self) -> dict[str, int]:
+        # finished_tokens: what the finished, untrained trajectories hold, so a throughput window can subtract
+        # exactly what its buffer held at its start beyond its end (report.runlog.buffer_change)
         return {"in_flight": len(self._started), "finished": len(self._finished), "trained": len(self._trained),
-                "discarded": len(self._discarded)}
+                "discarded": len(self._discarded), "finished_tokens": sum(r.tokens for r in self._finished.values())}
 
 
 class ThroughputMeter:

@@ -132,8 +132,9 @@ def buffer_change(run: RunRecord, first: int, last: int, tokens: float) -> Optio
     with finished, untrained trajectories in its buffer and ends it with fewer trains work the window did not
     generate, so its trained tokens over the window's wall time overstate what the system sustains (by 30 % in
     an 8-step run with 4 batches ahead). The steady-state rate counts what the window generated: the trained
-    tokens less the drained trajectories at the window's mean tokens per trajectory (an estimate: the buffer's own
-    token counts are not logged). None for a trainer that reports no buffer (verl's sync trainer has none).
+    tokens less the drained trajectories: the finished ones with the tokens the trainer logs for them
+    (``laminar/trajectories/finished_tokens``; logs older than that metric: the window's mean per trajectory). None
+    for a trainer that reports no buffer (verl's sync trainer has none).
 
     In-flight trajectories count half: their partial work is not logged, and a trajectory caught in flight is on
     average half done. Without them a run that starts the window with 12 in flight and ends it with 4 would be
@@ -145,13 +146,17 @@ def buffer_change(run: RunRecord, first: int, last: int, tokens: float) -> Optio
     trained = at[1][lm.TRAJECTORIES_TRAINED] - at[0][lm.TRAJECTORIES_TRAINED]
     if trained <= 0 or not math.isfinite(tokens):
         return None
-    drained = (at[0][lm.TRAJECTORIES_FINISHED] - at[1][lm.TRAJECTORIES_FINISHED]
-               + IN_FLIGHT_DONE * (at[0][lm.TRAJECTORIES_IN_FLIGHT] - at[1][lm.TRAJECTORIES_IN_FLIGHT]))
+    finished = at[0][lm.TRAJECTORIES_FINISHED] - at[1][lm.TRAJECTORIES_FINISHED]
+    in_flight = IN_FLIGHT_DONE * (at[0][lm.TRAJECTORIES_IN_FLIGHT] - at[1][lm.TRAJECTORIES_IN_FLIGHT])
     per_trajectory = tokens / trained
+    exact = all(lm.TRAJECTORIES_FINISHED_TOKENS in m for m in at)
+    finished_tokens = (at[0][lm.TRAJECTORIES_FINISHED_TOKENS] - at[1][lm.TRAJECTORIES_FINISHED_TOKENS] if exact
+                       else finished * per_trajectory)
     return {"finished_untrained": [at[0][lm.TRAJECTORIES_FINISHED], at[1][lm.TRAJECTORIES_FINISHED]],
             "in_flight": [at[0][lm.TRAJECTORIES_IN_FLIGHT], at[1][lm.TRAJECTORIES_IN_FLIGHT]],
-            "trained_trajectories": trained, "drained_trajectories": drained,
-            "drained_tokens_est": drained * per_trajectory}
+            "trained_trajectories": trained, "drained_trajectories": finished + in_flight,
+            "finished_tokens_logged": exact,
+            "drained_tokens_est": finished_tokens + in_flight * per_trajectory}
 
 
 def compare(baseline: dict, candidate: dict) -> Optional[float]:
