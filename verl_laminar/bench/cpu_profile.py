@@ -33,6 +33,7 @@ import time
 from typing import Any, Optional
 
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.platform.procs import exit_on_sigterm
 
 logger = logging.getLogger("verl_laminar.bench.cpu_profile")
 
@@ -367,6 +368,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         args.model = str(model_dir())
     t0 = time.perf_counter()
+    exit_on_sigterm()  # a killed profile still ends its workers and their vLLM engines (measure's finally)
     raw = measure(args.model, args.window_s, args.repeats, args.timeout_s, args.rounds)
     record = {**prov, "profile": summarize(raw), "raw": raw, "runtime_s": round(time.perf_counter() - t0, 1)}
     if path is not None:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from verl_laminar import metrics as lm
 from verl_laminar.bench import e2e
+from verl_laminar.platform.procs import exit_on_sigterm
 
 logger = logging.getLogger("verl_laminar.bench.demo")
 REPO = Path(__file__).resolve().parents[2]
@@ -134,6 +135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     bench_argv = ["--modes", ns.modes, "--steps", str(ns.steps), "--workload", ns.workload, "--out", ns.out,
                   "--name", "demo"] + (["--results", ns.results] if ns.results else [])
     args = e2e.parse_args(bench_argv)
+    exit_on_sigterm()  # a killed demo still ends the run it started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, filename=str(out / "demo.log"),

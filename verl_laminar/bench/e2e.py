@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verl_laminar.bench import workloads as wl
+from verl_laminar.platform.procs import exit_on_sigterm
 from verl_laminar.report.runlog import RunRecord, compare, summarise
 from verl_laminar.bench.provenance import claim_result_path, provenance
 
@@ -122,6 +123,11 @@ def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] =
         record.exit_code = proc.wait()
     finally:
         timer.cancel()
+        if proc.poll() is None:  # left early (SIGTERM, Ctrl-C): the run's own session goes first, then its leftovers
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         tree.stop_and_reap(mode)
     elapsed = time.monotonic() - t0
     logger.debug("%s: exit %s after %.0f s", mode, record.exit_code, elapsed)
@@ -335,6 +341,7 @@ def _pictures(out: Path, results_path: Optional[Path], result: dict) -> list[Pat
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    exit_on_sigterm()  # a killed benchmark still ends the recipe run it started (run_mode's finally)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
     def progress(mode: str, event: str, d: dict) -> None:

@@ -34,3 +34,15 @@ def reap(pids: list[int], grace_s: float = 5.0) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return [p.pid for p in procs]
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit(143)`` in the main thread, so a benchmark's ``finally`` blocks run and end
+    the processes it started. Python's default for SIGTERM is to die at once, which orphaned a killed profile's
+    vLLM engines (12 GiB of them, which then ran the next profile out of memory)."""
+    import signal
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
