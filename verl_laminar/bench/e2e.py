@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verl_laminar.bench import workloads as wl
+from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.platform.procs import exit_on_sigterm
 from verl_laminar.report.runlog import RunRecord, compare, summarise
-from verl_laminar.bench.provenance import claim_result_path, provenance
 
 logger = logging.getLogger("verl_laminar.bench.e2e")
 REPO = Path(__file__).resolve().parents[2]
