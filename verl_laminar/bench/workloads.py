@@ -31,10 +31,12 @@ class Workload:
     batch: int  # prompts per step (data.train_batch_size = ppo_mini_batch_size: one update per step)
     group: int  # responses per prompt (GRPO group, rollout.n)
     resp: int  # max response tokens: the length distribution's cap
-    micro: int  # micro-batch per rank (larger: less per-call overhead; each holds micro x length x 151,680 fp32
-    #   logits, so the long-tailed workload takes 2: 4 ran the colocated sync run out of 24 GiB)
+    micro: int  # micro-batch per rank (larger: less per-call overhead; each holds micro x length x vocab fp32
+    #   logits: on the Qwen-vocabulary fixture 4 x 1,900 ran the colocated sync run out of 24 GiB)
     loop: str  # agent loop (recipes/cpu/skewed_agent_loop.yaml entry) that fixes each response's length
     about: str
+    fixture: str = "tiny-qwen"  # the model every mode trains and serves (verl_laminar.fixtures.FIXTURES)
+    steps: int = 8  # training steps per mode: enough that the measured window (steps 2..N) spans several refreshes
 
     def env(self) -> dict[str, str]:
         """What the CPU recipes (recipes/cpu/common.sh) read."""
@@ -43,9 +45,14 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "paper": Workload("paper", batch=2, group=4, resp=1900, micro=2, loop="laminar_skewed_paper",
+    # The paper regime needs the trainer's cost per token small beside a decode step's, as a 7B update is beside
+    # its long-tail decode on GPUs. On the Qwen-vocabulary fixture the 151,680-way logits made the update most of
+    # a step whatever the lengths (generation share 0.71 at best); the small-vocabulary fixture is the same model
+    # shape with a 640-token vocabulary, so the update shrinks ~10x and generation is ~80 % of a sync step.
+    # Steps are then seconds, so 24 of them: the measured window spans many weight refreshes.
+    "paper": Workload("paper", batch=2, group=4, resp=1900, micro=4, loop="laminar_skewed_paper",
                       about="generation-dominated: a long tail (median 192, p99 ~1900 tokens) over 8 trajectories "
-                            "a step"),
+                            "a step, on the small-vocabulary fixture", fixture="tiny-bpe", steps=24),
     "short": Workload("short", batch=8, group=4, resp=256, micro=8, loop="laminar_skewed",
                       about="update-dominated: a short tail over many trajectories (median 24, p99 240)"),
 }
@@ -57,7 +64,7 @@ def workload(name: str, **overrides: Optional[int]) -> Workload:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     base = asdict(WORKLOADS[name])
     base.update({k: v for k, v in overrides.items() if v is not None})
-    for key in ("batch", "group", "resp", "micro"):
+    for key in ("batch", "group", "resp", "micro", "steps"):
         if int(base[key]) < 1:
             raise ValueError(f"--{key} {base[key]}: must be >= 1")
     return Workload(**base)

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
+from verl_laminar.buffer import POLL_S
 from verl_laminar.buffer.experience import BufferTimeout, ExperienceBuffer, Trajectory
 from verl_laminar.policy.accounting import InvariantViolation, single_version
 
@@ -70,10 +71,6 @@ def restored_records(partition: dict[str, dict], rollout_n: Optional[int], n_now
     return out
 
 
-# How often the trainer's sampling loop reads TransferQueue's metadata while it waits for groups. verl's
-# ReplayBuffer sleeps 2.0 s between reads, so every wait is rounded up to a multiple of 2 s (measured: the
-# trainer's wait-for-data was 2.008 s for data that was 10 ms late). A read is one small actor call.
-POLL_S = 0.1
 
 
 class LaminarReplayBuffer(ReplayBufferAsync):
