@@ -9,9 +9,9 @@ setup:
 	bash scripts/setup.sh
 
 fixtures: setup
-	$(PY) -m verl_laminar.fixtures
+	$(PY) -m verl_laminar.fixtures --fixture all
 
-# The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (4 steps each, the
+# The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (the workload's steps, the
 # paper-regime workload), one summary screen and the pictures; verl/vLLM output goes to runs/demo/<mode>.log.
 demo: fixtures
 	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.bench.demo $(DEMO_ARGS)

@@ -17,6 +17,16 @@ def tiny_model_dir() -> Path:
     return build(DEFAULT_FIXTURE_DIR, TinyModelSpec())
 
 
+@pytest.fixture(scope="session")
+def tiny_bpe_dir() -> Path:
+    """The same model on a small locally trained vocabulary (the benchmark's paper workload); ~1.5 min to build."""
+    from verl_laminar.fixtures import DEFAULT_FIXTURE_DIR
+    from verl_laminar.fixtures.__main__ import build
+    from verl_laminar.fixtures.model import spec_for
+
+    return build(DEFAULT_FIXTURE_DIR, spec_for("tiny-bpe"), name="tiny-bpe")
+
+
 # Under CI=true a skipped test is a failure: a CI that passes because its sandbox, relay or Ray tests skipped
 # proves nothing. The only exceptions are listed here, each with the reason it cannot run on CI's machine.
 CI_SKIP_ALLOWED: dict[str, str] = {

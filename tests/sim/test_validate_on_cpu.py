@@ -86,3 +86,19 @@ def test_validation_reads_the_benchmark_measured_on_the_profiles_machine(tmp_pat
     put("cpu_profile_2026-12-03.json", "Other CPU")
     with pytest.raises(FileNotFoundError, match="Other CPU"):
         same_machine(tmp_path / "cpu_profile_2026-12-03.json", "bench_e2e_paper_*.json", tmp_path)
+
+
+def test_validation_pairs_a_profile_with_the_benchmark_of_its_fixture(tmp_path):
+    from verl_laminar.sim.validate import fixture_of, same_machine
+
+    machine = {"cpu_model": "Intel Xeon", "cpus": 2}
+    (tmp_path / "cpu_profile_2026-12-03.json").write_text(json.dumps({"machine": machine, "fixture": "tiny-bpe"}))
+    # an older result has no fixture name: it measured the only fixture there was
+    (tmp_path / "bench_e2e_paper_2026-12-02.json").write_text(json.dumps({"machine": machine, "date": "2026-12-02"}))
+    assert fixture_of(json.loads((tmp_path / "bench_e2e_paper_2026-12-02.json").read_text())) == "tiny-qwen"
+    with pytest.raises(FileNotFoundError, match="tiny-bpe"):
+        same_machine(tmp_path / "cpu_profile_2026-12-03.json", "bench_e2e_paper_*.json", tmp_path)
+    (tmp_path / "bench_e2e_paper_2026-12-03.json").write_text(json.dumps(
+        {"machine": machine, "date": "2026-12-03", "workload": {"model": {"fixture": "tiny-bpe"}}}))
+    got = same_machine(tmp_path / "cpu_profile_2026-12-03.json", "bench_e2e_paper_*.json", tmp_path)
+    assert got.name == "bench_e2e_paper_2026-12-03.json"

@@ -350,7 +350,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each engine micro benchmark (median)")
     ap.add_argument("--rounds", type=int, default=3, help="times the co-run phases are repeated (medians)")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="the most any phase barrier waits")
-    ap.add_argument("--model", default=None, help="default: the fixture model")
+    ap.add_argument("--fixture", default="tiny-qwen", help="which fixture to profile (recorded; sim --validate pairs "
+                    "a profile with the benchmark run on the same fixture)")
+    ap.add_argument("--model", default=None, help="a model directory instead of a fixture (recorded as fixture null)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/<results-name>_<date>.json")
     ap.add_argument("--results-name", default="cpu_profile")
@@ -363,14 +365,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             path = claim_result_path(args.results, args.results_name, prov)
         except FileExistsError as e:
             ap.error(str(e))
-    if args.model is None:
-        from verl_laminar.fixtures import model_dir
+    from verl_laminar.fixtures import UnknownFixtureError, model_dir
 
-        args.model = str(model_dir())
+    try:
+        fixture = None if args.model else model_dir(name=args.fixture).name
+    except UnknownFixtureError as e:
+        ap.error(str(e))
+    args.model = args.model or str(model_dir(name=args.fixture))
     t0 = time.perf_counter()
     exit_on_sigterm()  # a killed profile still ends its workers and their vLLM engines (measure's finally)
     raw = measure(args.model, args.window_s, args.repeats, args.timeout_s, args.rounds)
-    record = {**prov, "profile": summarize(raw), "raw": raw, "runtime_s": round(time.perf_counter() - t0, 1)}
+    record = {**prov, "fixture": fixture, "profile": summarize(raw), "raw": raw,
+              "runtime_s": round(time.perf_counter() - t0, 1)}
     if path is not None:
         path.write_text(json.dumps(record, indent=1) + "\n")
         logger.info("wrote %s", path)

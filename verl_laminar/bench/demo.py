@@ -1,6 +1,6 @@
 """``make demo``: Laminar and verl's synchronous trainer side by side on the CPU fixtures, on one screen.
 
-    python -m verl_laminar.bench.demo                   # paper-regime workload, 4 steps each, runs/demo/
+    python -m verl_laminar.bench.demo                   # paper-regime workload, its 24 steps each, runs/demo/
     python -m verl_laminar.bench.demo --results docs/results  # also the committed JSON + pictures
 
 Dataflow: bench.e2e.run (the benchmark's own loop: one recipe run per mode, console lines into
@@ -73,6 +73,13 @@ class Eta:
         return this + each * len(later)
 
 
+def shown(step: int, steps: int, lines: int = 8) -> bool:
+    """Whether the console reports this step: the first, the last and about ``lines`` in all, so a long run's
+    progress still fits on a screen with the summary."""
+    every = max(1, steps // lines)
+    return step == 1 or step == steps or step % every == 0
+
+
 def summary_lines(result: dict, pictures: list[Path], out: Path) -> list[str]:
     """The demo's last screen, from the benchmark's result JSON."""
     w = result["workload"]
@@ -126,14 +133,15 @@ def _console() -> logging.Logger:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=4, help="training steps per mode (the first is warm-up)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps per mode (the first is warm-up; default: the workload's)")
     ap.add_argument("--modes", default="sync,laminar")
     ap.add_argument("--workload", default="paper")
     ap.add_argument("--out", default=str(REPO / "runs" / "demo"))
     ap.add_argument("--results", default=None, help="also write the JSON and pictures there (docs/results)")
     ns = ap.parse_args(argv)
-    bench_argv = ["--modes", ns.modes, "--steps", str(ns.steps), "--workload", ns.workload, "--out", ns.out,
-                  "--name", "demo"] + (["--results", ns.results] if ns.results else [])
+    bench_argv = ["--modes", ns.modes, "--workload", ns.workload, "--out", ns.out, "--name", "demo"]
+    bench_argv += (["--steps", str(ns.steps)] if ns.steps else []) + (["--results", ns.results] if ns.results else [])
     args = e2e.parse_args(bench_argv)
     exit_on_sigterm()  # a killed demo still ends the run it started
     out = Path(args.out)
@@ -153,6 +161,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      _mmss(eta.remaining_s(mode)))
         elif event == "step":
             eta.step(mode, d["step"], d["t"])
+            if not shown(d["step"], args.steps):
+                return
             con.info("[%s] %-8s step %d/%d done  (about %s left)", now, mode, d["step"], args.steps,
                      _mmss(eta.remaining_s(mode)))
         elif event == "end":

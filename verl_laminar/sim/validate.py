@@ -55,13 +55,20 @@ def newest(pattern: str, results: Path = RESULTS) -> Path:
     return found[-1]
 
 
+def fixture_of(record: dict) -> str:
+    """The fixture a profile or benchmark measured (results written before fixtures had names: tiny-qwen)."""
+    model = (record.get("workload") or {}).get("model") or {}
+    return record.get("fixture") or model.get("fixture") or "tiny-qwen"
+
+
 def same_machine(profile_path: Path, pattern: str, results: Path = RESULTS) -> Path:
-    """The newest ``pattern`` file measured on the profile's machine kind (CPU model and core count): costs
-    measured on one CPU say nothing of a benchmark run on another (an AMX Xeon decodes the fixture about 1.6x
-    slower than an AVX512-BF16 EPYC in the committed runs)."""
+    """The newest ``pattern`` file measured on the profile's machine kind (CPU model and core count) and fixture:
+    costs measured on one CPU say nothing of a benchmark run on another (an AMX Xeon decodes the fixture about
+    1.6x slower than an AVX512-BF16 EPYC in the committed runs), nor the costs of one model of another's."""
     def kind(path: Path) -> tuple:
-        m = json.loads(path.read_text()).get("machine") or {}
-        return m.get("cpu_model"), m.get("cpus")
+        record = json.loads(path.read_text())
+        m = record.get("machine") or {}
+        return m.get("cpu_model"), m.get("cpus"), fixture_of(record)
 
     want = kind(profile_path)
     # newest by when it was measured (the record's date), not by name: two runs of one day differ in name only
@@ -73,15 +80,15 @@ def same_machine(profile_path: Path, pattern: str, results: Path = RESULTS) -> P
     return found[-1]
 
 
-def prompt_tokens(data_dir: Optional[Path] = None) -> float:
-    """Median prompt length of the CPU recipes' toy math rows, with the fixture's chat template."""
+def prompt_tokens(data_dir: Optional[Path] = None, fixture: str = "tiny-qwen") -> float:
+    """Median prompt length of the CPU recipes' toy math rows, with the fixture's tokenizer and chat template."""
     import pandas as pd
     from transformers import AutoTokenizer
 
     from verl_laminar.fixtures import model_dir
 
     data_dir = data_dir or REPO / "verl_laminar" / "data" / "toy_math"
-    tok = AutoTokenizer.from_pretrained(str(model_dir()))
+    tok = AutoTokenizer.from_pretrained(str(model_dir(name=fixture)))
     rows = pd.read_parquet(data_dir / "train.parquet")["prompt"].head(64)
     texts = [tok.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False) for m in rows]
     lens = [len(tok(t)["input_ids"]) for t in texts]
@@ -194,7 +201,8 @@ def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional
     relay_path = next(iter(sorted(results.glob("bench_relay_sweep_*.json"))[-1:]), None)
     profile = load_profile(prof_path, relay_path)
     e2e = json.loads(e2e_path.read_text())
-    prompt = prompt if prompt is not None else prompt_tokens()
+    fixture = fixture_of(json.loads(prof_path.read_text()))
+    prompt = prompt if prompt is not None else prompt_tokens(fixture=fixture)
     pred = predict_e2e(profile, e2e, prompt, seeds)
     alone = predict_e2e(dedicated(profile), e2e, prompt, seeds)
     repack = validate_repack(profile, results, seeds)
@@ -214,7 +222,7 @@ def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional
     return {
         "what": "SIMULATED predictions beside MEASURED values",
         "inputs": {"cpu_profile": _rel(prof_path), "e2e": _rel(e2e_path), "relay": _rel(relay_path) if relay_path else None,
-                   "seeds": [seeds.start, seeds.stop], "prompt_tokens": prompt},
+                   "fixture": fixture, "seeds": [seeds.start, seeds.stop], "prompt_tokens": prompt},
         "profile": {"decode_step": dataclasses.asdict(profile.decode), "prefill_s_per_token": profile.prefill_s_per_token,
                     "weight_load_s": profile.weight_load_s, "publish_s": profile.publish_s,
                     "train_s_per_token": dict(profile.train_s_per_token),
