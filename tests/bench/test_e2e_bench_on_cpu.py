@@ -125,7 +125,7 @@ def test_laminar_settings_reach_only_the_laminar_recipe_and_are_recorded(tmp_pat
     assert placed["num_warmup_batches"] == 4
     assert placed["laminar_overrides"] == ["laminar.dispatch.groups_per_batch=3", "laminar.cpu_priority=false"]
     defaults = e2e.parse_args(["--out", str(tmp_path)])
-    assert e2e.mode_command("laminar", defaults)[0][-1] == "laminar.dispatch.groups_per_batch=2"
+    assert e2e.mode_command("laminar", defaults)[0][-1] == "laminar.dispatch.groups_per_batch=4"
     assert e2e.mode_command("laminar", defaults)[1]["WARMUP"] == str(e2e.LAMINAR_WARMUP)
     for bad in (["--laminar-set", "groups_per_batch"], ["--laminar-set", "=2"], ["--laminar-warmup", "0"]):
         with pytest.raises(SystemExit):

@@ -59,13 +59,15 @@ FULLY_ASYNC = ("not run: recipes/cpu/run_fully_async_grpo.sh starts it on the CP
                "do not use (RelayUnavailableError: relay group 'laminar_relay_group' is not running)")
 # Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches) and its settings in this
 # benchmark (the --laminar-set defaults; a user's --laminar-set of the same key replaces one). Each replica takes
-# a whole step's groups per batch (2 here, not the product's default of its share, 1): a CPU engine's decode step
-# costs a fixed part plus a part per sequence, so 8 sequences per batch instead of 4 amortise the fixed part, and
-# one weight refresh serves twice the tokens. Four batches ahead keep both replicas fed with 2 groups each.
-# A probe, two separate 8-step runs of the paper workload on a 2-core Intel Xeon (not side by side, so a hint, not a
-# result): 150.9 tokens/s with the product's defaults and 3 ahead, 193.8 with these (buffer drain corrected).
-LAMINAR_WARMUP = 4
-LAMINAR_SETTINGS = {"laminar.dispatch.groups_per_batch": "2"}
+# two steps' groups per batch (4 here, not the product's default of its share, 1): a CPU engine's decode step costs
+# a fixed part plus a part per sequence, so 16 sequences per batch amortise the fixed part better than 4, and one
+# weight refresh serves four times the tokens; the price is staleness (up to 7 versions in the probe below). Six
+# batches ahead keep both replicas fed with 4 groups each.
+# Probes, separate runs of the paper workload on a 2-core Intel Xeon (not side by side, so hints, not results):
+# on tiny-qwen, 150.9 tokens/s with the product's defaults and 3 ahead, 193.8 with 2 groups and 4 ahead; on
+# tiny-bpe, 788-881 with 2 groups and 4 ahead (two default benchmark runs), 1,098.7 with 4 groups and 6 ahead.
+LAMINAR_WARMUP = 6
+LAMINAR_SETTINGS = {"laminar.dispatch.groups_per_batch": "4"}
 # Called with (mode, event, detail) as a run progresses: "start", "step" (step number, seconds since launch), "end".
 Progress = Callable[[str, str, dict], None]
 
