@@ -139,8 +139,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workload", default="paper")
     ap.add_argument("--out", default=str(REPO / "runs" / "demo"))
     ap.add_argument("--results", default=None, help="also write the JSON and pictures there (docs/results)")
+    ap.add_argument("--name", default="demo", help="result file name stem (a result file is never overwritten)")
     ns = ap.parse_args(argv)
-    bench_argv = ["--modes", ns.modes, "--workload", ns.workload, "--out", ns.out, "--name", "demo"]
+    bench_argv = ["--modes", ns.modes, "--workload", ns.workload, "--out", ns.out, "--name", ns.name]
     bench_argv += (["--steps", str(ns.steps)] if ns.steps else []) + (["--results", ns.results] if ns.results else [])
     args = e2e.parse_args(bench_argv)
     exit_on_sigterm()  # a killed demo still ends the run it started
