@@ -13,7 +13,8 @@ fixtures: setup
 
 # The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (the workload's steps, the
 # paper-regime workload), one summary screen and the pictures; verl/vLLM output goes to runs/demo/<mode>.log.
-demo: fixtures
+# It builds only the fixture its workload needs (bench.e2e.ensure_model), not the tests' fixture.
+demo: setup
 	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.bench.demo $(DEMO_ARGS)
 	$(MAKE) clean-shm
 

@@ -175,3 +175,32 @@ def test_demo_estimate_uses_measured_steps_then_the_first_modes_duration():
     eta.step("laminar", 1, 70.0)
     eta.step("laminar", 2, 80.0)
     assert eta.remaining_s("laminar") == pytest.approx(20.0)
+
+
+def test_a_missing_fixture_is_built_once_with_its_output_in_the_run_directory(tmp_path, monkeypatch):
+    import subprocess
+    from types import SimpleNamespace
+
+    args = e2e.parse_args(["--out", str(tmp_path / "out")])
+    args.model = str(tmp_path / "tiny-bpe")  # an empty cache entry
+    calls = []
+
+    def fake_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        stdout.write("sft step 1 loss 6.0\n")
+        if len(calls) == 1:
+            return SimpleNamespace(returncode=3)
+        (tmp_path / "tiny-bpe").mkdir()
+        (tmp_path / "tiny-bpe" / "config.json").write_text('{"vocab_size": 512}')
+        (tmp_path / "tiny-bpe" / "MANIFEST.json").write_text('{"parameters": 1}')
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(RuntimeError, match="fixture-build.log"):
+        e2e.ensure_model(args)
+    assert calls[0][-2:] == ["--fixture", "tiny-bpe"]
+    assert "sft step" in (tmp_path / "out" / "fixture-build.log").read_text()  # not on the console
+    facts = e2e.ensure_model(args)
+    assert facts["fixture"] == "tiny-bpe" and facts["vocab_size"] == 512 and facts["parameters"] == 1
+    e2e.ensure_model(args)
+    assert len(calls) == 2  # built once, then cached

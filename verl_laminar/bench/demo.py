@@ -171,6 +171,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             status = "done" if d["exit_code"] == 0 else f"FAILED (exit {d['exit_code']}; see {d['log']})"
             con.info("[%s] %-8s %s", now, mode, status)
 
+    if args.model_is_fixture and not (Path(args.model) / "MANIFEST.json").exists():
+        con.info("building the fixture %s first (once, a few minutes; then cached)", args.workload.fixture)
     # the provenance records the command as typed (the demo's own arguments), not the benchmark's expansion of it
     typed = sys.argv[1:] if argv is None else argv
     result, pictures = e2e.run(args, progress, typed, module="verl_laminar.bench.demo")

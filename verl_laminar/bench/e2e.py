@@ -359,9 +359,14 @@ def ensure_model(args: argparse.Namespace) -> dict:
     is built first (a minute or two, in a process of its own so this one stays small for the runs)."""
     manifest = Path(args.model) / "MANIFEST.json"
     if args.model_is_fixture and not manifest.exists():
-        logger.info("building fixture %s (once; cached)", args.workload.fixture)
-        subprocess.run([sys.executable, "-m", "verl_laminar.fixtures", "--fixture", args.workload.fixture],
-                       check=True)
+        log = Path(args.out) / "fixture-build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("building fixture %s (once; cached; output in %s)", args.workload.fixture, log)
+        with open(log, "w") as f:
+            done = subprocess.run([sys.executable, "-m", "verl_laminar.fixtures", "--fixture", args.workload.fixture],
+                                  stdout=f, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"building fixture {args.workload.fixture} failed (exit {done.returncode}); see {log}")
     config = Path(args.model) / "config.json"
     if not config.exists():
         raise FileNotFoundError(f"--model {args.model}: no config.json there; pass a model directory verl can load")
