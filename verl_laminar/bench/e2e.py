@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 from verl_laminar.bench import workloads as wl
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.bench.tree import TreeWatch, terminate
 from verl_laminar.platform.procs import exit_on_sigterm
 from verl_laminar.report.runlog import RunRecord, compare, summarise
 
@@ -130,9 +131,9 @@ def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] =
     # a session of its own, so a timeout ends this run's whole process tree (and only it)
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **extra}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    timer = threading.Timer(args.timeout_s, _terminate, args=(proc, mode))
+    timer = threading.Timer(args.timeout_s, terminate, args=(proc, mode))
     timer.start()
-    tree = _TreeWatch(proc.pid)
+    tree = TreeWatch(proc.pid)
     try:
         with open(log_path, "w") as log:
             for line in proc.stdout:
@@ -159,80 +160,6 @@ def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] =
     if progress:
         progress(mode, "end", {"exit_code": record.exit_code, "t": elapsed, "log": str(log_path)})
     return record
-
-
-class _TreeWatch:
-    """Remembers every descendant of a run (Ray re-parents its workers, and a run killed for memory can leave
-    vLLM engines behind, which would skew the next run); after the run, ends those still alive, by PID."""
-
-    def __init__(self, pid: int, period_s: float = 5.0) -> None:
-        self._pid, self._period_s = pid, period_s
-        self._seen: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        import psutil
-
-        while not self._stop.wait(self._period_s):
-            try:
-                for p in psutil.Process(self._pid).children(recursive=True):
-                    self._seen.setdefault(p.pid, p.create_time())
-            except psutil.NoSuchProcess:
-                return
-
-    def stop_and_reap(self, mode: str) -> None:
-        import psutil
-
-        self._stop.set()
-        self._thread.join()
-        alive = []
-        for pid, created in self._seen.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created:  # the same process, not a reused PID
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                continue
-        if not alive:
-            return
-        logger.warning("%s: ending %d leftover processes of the run: %s", mode, len(alive),
-                       sorted({_name(p) for p in alive}))
-        for p in alive:
-            _signal(p, "terminate")
-        _, still = psutil.wait_procs(alive, timeout=20)
-        for p in still:
-            _signal(p, "kill")
-
-
-def _name(p) -> str:
-    """A process's name, or "(ended)": a leftover can exit between the scan and the report."""
-    import psutil
-
-    try:
-        return p.name()
-    except psutil.NoSuchProcess:
-        return "(ended)"
-
-
-def _signal(p, how: str) -> None:
-    import psutil
-
-    try:
-        getattr(p, how)()
-    except psutil.NoSuchProcess:
-        pass
-
-
-def _terminate(proc: subprocess.Popen, mode: str) -> None:
-    logger.error("%s: timed out; ending its process group %d", mode, proc.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        time.sleep(20)
 
 
 def generation_share(summary: dict) -> Optional[float]:
