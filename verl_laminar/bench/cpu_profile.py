@@ -33,6 +33,7 @@ import time
 from typing import Any, Optional
 
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.bench.tree import FAILED, reporting as _reporting
 from verl_laminar.platform.procs import exit_on_sigterm
 
 logger = logging.getLogger("verl_laminar.bench.cpu_profile")
@@ -80,8 +81,9 @@ _FWD_PHASES = {"fwd_1", "fwd_2"}
 
 
 def _prompt(n: int) -> dict:
-    # chat-template start then digits: any token ids do, the engine does not read them
-    return {"prompt_token_ids": [151644, 872, 198] + [16] * max(0, n - 3)}
+    # any token ids do (the engine does not read them), as long as every fixture's vocabulary has them: the
+    # tiny-bpe fixture has 512 tokens, so no id of Qwen's special tokens
+    return {"prompt_token_ids": [1, 2, 3] + [16] * max(0, n - 3)}
 
 
 def _engine_profile(llm: Any, model_dir: str, repeats: int) -> dict:
@@ -260,10 +262,10 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float, rou
         port = s.getsockname()[1]
     plan = schedule(rounds)
     stops = {label: ctx.Event() for label, _, _ in plan}  # set by a phase's lead when its window is over
-    procs = [ctx.Process(target=_engine_worker, args=(n, model_dir, window_s, repeats, barrier, out, stops, rounds),
-                         name=n) for n in engines]
-    procs += [ctx.Process(target=_train_worker, args=(n, r, model_dir, window_s, port, barrier, out, stops, rounds),
-                          name=n) for r, n in enumerate(("t0", "t1"))]
+    procs = [ctx.Process(target=_reporting, args=(_engine_worker, out, n, model_dir, window_s, repeats, barrier,
+                                                   out, stops, rounds), name=n) for n in engines]
+    procs += [ctx.Process(target=_reporting, args=(_train_worker, out, n, r, model_dir, window_s, port, barrier,
+                                                    out, stops, rounds), name=n) for r, n in enumerate(("t0", "t1"))]
     for p in procs:
         p.start()
     results: dict[str, dict[str, Any]] = {}
@@ -281,6 +283,9 @@ def measure(model_dir: str, window_s: float, repeats: int, timeout_s: float, rou
                 phase, name, rec = out.get(timeout=5.0)
             except Exception:  # queue.Empty: poll the workers again
                 continue
+            if phase == FAILED:
+                raise RuntimeError(f"cpu profile worker {name} failed; the others would wait at the next phase's "
+                                   f"barrier until --timeout-s:\n{rec}")
             results.setdefault(phase, {})[name] = rec
             logger.info("%s %s: %s", phase, name, rec if phase != "engine" else "done")
     finally:

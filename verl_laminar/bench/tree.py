@@ -2,7 +2,8 @@
 
 Ray re-parents its workers, and a run killed for memory can leave vLLM engines behind that would skew the next
 run; ``TreeWatch`` records each descendant with its start time and, after the run, ends those still alive, by
-PID. ``terminate`` ends a timed-out run's own process group.
+PID. ``terminate`` ends a timed-out run's own process group. ``reporting`` runs a worker process that tells its
+parent why it failed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import threading
 import time
+import traceback
+from typing import Any
 
 logger = logging.getLogger("verl_laminar.bench.e2e")
 
@@ -89,3 +92,18 @@ def terminate(proc: subprocess.Popen, mode: str) -> None:
         except ProcessLookupError:
             return
         time.sleep(20)
+
+
+FAILED = "failed"  # the queue record of a worker that raised: (FAILED, name, traceback)
+
+
+def reporting(target: Any, out: Any, name: str, *args: Any) -> None:
+    """Run a worker; if it raises, put its traceback on the queue first. A dead engine worker's process can
+    stay alive joining vLLM's engine core, so the parent would otherwise see only a barrier timeout."""
+    try:
+        target(name, *args)
+    except BaseException:
+        out.put((FAILED, name, traceback.format_exc()))
+        out.close()
+        out.join_thread()
+        raise
