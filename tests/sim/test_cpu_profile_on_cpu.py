@@ -176,3 +176,21 @@ def test_load_profile_reads_a_bench_result(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a bench.cpu_profile"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_the_model_shape_takes_the_recorded_vocabulary(tmp_path):
+    """A small-vocabulary fixture's profile: its embedding is 512 x 128, so the shape must not assume Qwen's
+    151,936 (it would be larger than the whole model and the shape refuses it)."""
+    prof = {"decode_step_s": {"64": {"1": 0.002, "2": 0.0021, "4": 0.0023, "8": 0.0026}},
+            "prefill_s_per_token": {"1": 2e-6}, "weight_load_s": 0.03, "weight_bytes": 1_713_520,
+            "decode_slowdown": {"2": 2.0, "3": 2.4, "2_with_trainer": 1.5},
+            "train_s_per_token": {"1": 6e-5}, "forward_s_per_token": {"1": 1.4e-5},
+            "train_slowdown": {"2": 1.1, "3": 1.2}}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"profile": prof}))
+    with pytest.raises(ValueError, match="smaller than the embedding"):
+        load_profile(old).model  # no recorded model: the tiny-qwen default, wrong for these bytes
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"profile": prof, "model": {"vocab_size": 512}}))
+    assert load_profile(new).model.vocab == 512
+    assert dataclasses.replace(load_profile(old), vocab=512).model.matmul_params == 1_713_520 / 2 - 512 * 128

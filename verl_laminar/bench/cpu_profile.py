@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from verl_laminar.bench.provenance import claim_result_path, provenance
@@ -380,7 +381,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.perf_counter()
     exit_on_sigterm()  # a killed profile still ends its workers and their vLLM engines (measure's finally)
     raw = measure(args.model, args.window_s, args.repeats, args.timeout_s, args.rounds)
-    record = {**prov, "fixture": fixture, "profile": summarize(raw), "raw": raw,
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    facts = {k: config.get(k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads")}
+    record = {**prov, "fixture": fixture, "model": facts, "profile": summarize(raw), "raw": raw,
               "runtime_s": round(time.perf_counter() - t0, 1)}
     if path is not None:
         path.write_text(json.dumps(record, indent=1) + "\n")

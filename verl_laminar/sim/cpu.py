@@ -51,12 +51,13 @@ class CpuProfile:
     kv_capacity: int = 262144  # 256 MiB / (4 layers x 2 x 1 KV head x 64 x 2 bytes) = 262,144 tokens
     max_seqs: int = 32  # recipes/cpu/common.sh rollout.max_num_seqs
     repack_batch: int = 16
+    vocab: int = 151936  # the tiny-qwen fixture's; a profile or its paired benchmark that records the model's wins
 
     @property
     def model(self) -> ModelShape:
         # params from the bytes (bf16); the shape only prices KV bytes per token and names the model
         return ModelShape("cpu-fixture", params=self.weight_bytes / 2, layers=FIXTURE_LAYERS, hidden=128, heads=2,
-                          kv_heads=FIXTURE_KV_HEADS, head_dim=FIXTURE_HEAD_DIM, vocab=151936)
+                          kv_heads=FIXTURE_KV_HEADS, head_dim=FIXTURE_HEAD_DIM, vocab=self.vocab)
 
     def train_seconds(self, tokens: float, ranks: int, log_prob_pass: bool = False) -> float:
         """Solo seconds of one training step over ``tokens`` tokens (plus the old-log-prob pass if asked)."""
@@ -124,6 +125,7 @@ def load_profile(path: str | Path, relay_result: Optional[str | Path] = None) ->
         if tcp.get("gb_per_s"):
             publish_rate = float(tcp["gb_per_s"]) * 1e9
     wb = int(prof["weight_bytes"])
+    vocab = (rec.get("model") or {}).get("vocab_size")  # recorded since the fixtures have names
     # without a relay measurement the hand-off is priced as one more in-memory copy at the load's rate
     publish_s = wb / publish_rate if publish_rate else float(prof["weight_load_s"])
     ds, ts = prof["decode_slowdown"], prof["train_slowdown"]
@@ -147,6 +149,7 @@ def load_profile(path: str | Path, relay_result: Optional[str | Path] = None) ->
         decode_slowdown=tuple(decode_sd),
         train_slowdown=tuple(train_sd),
         repack_batch=repack_batch,
+        **({"vocab": int(vocab)} if vocab else {}),
     )
 
 

@@ -201,6 +201,10 @@ def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional
     relay_path = next(iter(sorted(results.glob("bench_relay_sweep_*.json"))[-1:]), None)
     profile = load_profile(prof_path, relay_path)
     e2e = json.loads(e2e_path.read_text())
+    vocab = ((e2e.get("workload") or {}).get("model") or {}).get("vocab_size")
+    if vocab and not (json.loads(prof_path.read_text()).get("model") or {}).get("vocab_size"):
+        # a profile that did not record its model: the paired benchmark ran the same fixture and did
+        profile = dataclasses.replace(profile, vocab=int(vocab))
     fixture = fixture_of(json.loads(prof_path.read_text()))
     prompt = prompt if prompt is not None else prompt_tokens(fixture=fixture)
     pred = predict_e2e(profile, e2e, prompt, seeds)
