@@ -74,6 +74,10 @@ FT_REPLICA_FAILURES = "laminar/ft/replica_failures"
 FT_GROUPS_MOVED = "laminar/ft/groups_moved"
 FT_GROUPS_LOST = "laminar/ft/groups_lost"
 FT_LIVE_REPLICAS = "laminar/ft/live_replicas"
+# requests of a dead replica that continued on a live one from the tokens they had streamed to the partial-response
+# pool (laminar.pool.enabled), and those tokens: work a restart from the prompt would have thrown away
+FT_POOL_CONTINUED = "laminar/ft/pool_continued"
+FT_POOL_CONTINUED_TOKENS = "laminar/ft/pool_continued_tokens"
 
 _COUNT_NAMES = {
     "in_flight": TRAJECTORIES_IN_FLIGHT,

@@ -19,8 +19,10 @@ Each vLLM request id is chosen here (not by verl per call) so the router knows w
 
 Replica death: a request whose server actor died fails with a Ray actor error. The client reports it to the
 router (``replica_failed``), which fails the replica over; if the group moved to a live replica of its
-version, the request runs again there from its prompt (verl's server returns nothing of a request that did
-not end, so there is no partial response to keep); if not, the request raises ``ReplicaLost``.
+version, the request continues there: with the partial-response pool (``laminar.pool.enabled``; the server
+streams each request's tokens to it, ``rollout.streaming_server``) from the tokens that reached the pool, as a
+migrated piece is resumed; without it, or when nothing reached the pool, again from its prompt. With no live
+replica of its version the request raises ``ReplicaLost``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.policy.migration import Piece, Trajectory, resumable
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.badinput import check_output_tokens
+from verl_laminar.rollout.pool_client import PieceRecorder, pool_enabled, recovered_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +88,29 @@ def read_vocab_size(path: str) -> int:
 
 
 class LaminarLLMServerClient(LLMServerClient):
-    def __init__(self, config: Any, load_balancer_handle: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Any, load_balancer_handle: Any = None, pool_handle: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(config=config, load_balancer_handle=load_balancer_handle, **kwargs)
         # the router's release protocol is known; no lazy round trip to ask it
         self._lb_require_acquire_fields = []
         self._lb_require_release_fields = ["request_id"]
+        # the partial-response pool (laminar.pool.enabled): given, or looked up by name on first use
+        self._pool_handle = pool_handle
+        self._use_pool = pool_handle is not None or pool_enabled(config)
+        self._recorder_obj: Optional[PieceRecorder] = None
+
+    def _recorder(self) -> Optional[PieceRecorder]:
+        if not self._use_pool:
+            return None
+        if self._recorder_obj is None:
+            if self._pool_handle is None:
+                import ray
+
+                from verl_laminar.pool.actor import POOL_NAME
+
+                self._pool_handle = ray.get_actor(POOL_NAME)
+            self._recorder_obj = PieceRecorder(self._pool_handle)
+        return self._recorder_obj
 
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
         pin = GROUP_PIN.get()
@@ -136,42 +157,71 @@ class LaminarLLMServerClient(LLMServerClient):
         cfg = self.config.actor_rollout_ref.rollout
         return int(min(cfg.response_length, cfg.prompt_length + cfg.response_length - len(prompt_ids)))
 
-    async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, piece: int = 0, **kwargs: Any) -> Any:
+    def _new_vid(self, request_id: str, piece: int, attempt: int) -> str:
         # verl's full_determinism wants the same vLLM request ids across runs: derive them from the caller's
         if getattr(self.config.actor_rollout_ref.rollout, "full_determinism", False):
             vid = f"{request_id}" if piece == 0 else f"{request_id}.resume{piece}"
-        else:
-            vid = uuid4().hex
+            return vid if attempt == 0 else f"{vid}.retry{attempt}"  # a rerun after a death is a new request
+        return uuid4().hex
+
+    async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, vid: str,
+                         pin: Optional[Assignment] = None, **kwargs: Any) -> Any:
         token = _VLLM_RID.set(vid)
+        recorder = self._recorder() if pin is not None else None
         try:
-            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs), \
-                _VLLM_RID.get()
+            if recorder is not None:
+                params = await recorder.open(vid, pin, prompt_ids, params)
+            output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
+            if recorder is not None:
+                await recorder.close(vid)  # the server awaited its last chunk before answering
+            return output, vid
         finally:
             _VLLM_RID.reset(token)
 
     async def _piece(self, pin: Assignment, request_id: str, prompt_ids: list, params: dict, piece: int = 0,
                      **kwargs: Any) -> Any:
-        """One request on the group's replica; if that replica died, again on the live replica of the same
-        version the router moved the group to."""
+        """One request on the group's replica; if that replica died, it continues on the live replica of the same
+        version the router moved the group to: from the tokens it streamed to the pool (returned as an aborted
+        piece, which the caller resumes), or again from its prompt when none reached the pool."""
+        attempt = 0
         while True:
+            vid = self._new_vid(request_id, piece, attempt)
             token = _SERVER.set(None)
             try:
-                return await self._one_piece(request_id, prompt_ids, params, piece=piece, **kwargs)
+                return await self._one_piece(request_id, prompt_ids, params, vid, pin, **kwargs)
             except RayActorError as e:
                 server_id = _SERVER.get()
                 if server_id is None:
                     raise  # not from a server call
                 outcome = await self._load_balancer.replica_failed.remote(pin.group_id, pin.version, repr(e),
                                                                           server_id)
+                recorder = self._recorder()
+                kept = None
+                if recorder is not None:  # the piece is over either way: read (if it goes on) and close its entry
+                    kept = await recorder.recover(vid, bool(params.get("logprobs")),
+                                                  keep=outcome == "moved" and resumable(params))
                 if outcome == "alive":
                     raise
                 if outcome == "lost":
                     raise ReplicaLost(f"request {request_id} of group {pin.group_id!r}: its replica died and no "
                                       f"live replica serves version {pin.version}") from e
+                if kept is not None:
+                    await self._load_balancer.continued_from_pool.remote(pin.group_id, vid, recovered_tokens(kept))
+                    logger.warning("request %s of group %r: its replica died after %d tokens; the response continues "
+                                   "from the partial-response pool on the group's new replica (version %d)",
+                                   request_id, pin.group_id, recovered_tokens(kept), pin.version)
+                    return kept, vid
                 logger.warning("request %s of group %r: its replica died; running it again on the group's new "
                                "replica (version %d)", request_id, pin.group_id, pin.version)
             finally:
                 _SERVER.reset(token)
+            attempt += 1
+
+    async def _continues(self, output: Any, vid: str) -> bool:
+        """An aborted piece goes on elsewhere: moved by repack, or rebuilt from the pool after its replica died."""
+        if getattr(output, "stop_reason", None) != "aborted":
+            return False
+        return recovered_tokens(output) > 0 or await self._load_balancer.migrated.remote(vid)
 
     async def _restart(self, pin: Assignment, request_id: str, prompt_ids: list, params: dict, **kwargs: Any) -> Any:
         """A migrated request under a whole-response constraint (structured outputs): vLLM cannot continue it
@@ -184,7 +234,7 @@ class LaminarLLMServerClient(LLMServerClient):
             output, vid = await self._piece(pin, request_id, prompt_ids, params, piece=restarts, **kwargs)
             check_label(pin, output, f"request {request_id}")
             self._check_output(output, request_id, self._token_budget(prompt_ids, params))
-            migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
+            migrated = await self._continues(output, vid)
         output.extra_fields["laminar_migrations"] = restarts
         return output
 
@@ -196,7 +246,7 @@ class LaminarLLMServerClient(LLMServerClient):
         output, vid = await self._piece(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
         self._check_output(output, request_id, self._token_budget(list(prompt_ids), sampling_params))
-        if getattr(output, "stop_reason", None) != "aborted" or not await self._load_balancer.migrated.remote(vid):
+        if not await self._continues(output, vid):
             return output  # the common case: one piece, verl's output untouched
         if not resumable(sampling_params):
             return await self._restart(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
@@ -216,7 +266,7 @@ class LaminarLLMServerClient(LLMServerClient):
             output, vid = await self._piece(pin, request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
             self._check_output(output, request_id, self._token_budget(ids, params))
-            migrated = output.stop_reason == "aborted" and await self._load_balancer.migrated.remote(vid)
+            migrated = await self._continues(output, vid)
         output.token_ids = traj.token_ids()
         output.log_probs = traj.log_probs()
         if traj.generated >= traj.max_tokens and output.stop_reason == "aborted":

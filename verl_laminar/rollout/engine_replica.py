@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from verl_laminar.pool.stream import PoolStreamer
+
 logger = logging.getLogger(__name__)
 
 
@@ -71,38 +73,6 @@ def _make_probe(sink: dict) -> type:
             pass
 
     return KvProbe
-
-
-class _PoolStreamer:
-    """Sends a piece's new tokens to the pool in chunks; each chunk carries its offset (idempotent append)."""
-
-    def __init__(self, pool: Any, key: str, version: int, offset: int, chunk: Optional[Any]) -> None:
-        from verl_laminar.pool.partial import ChunkPolicy
-
-        self.pool, self.key, self.version, self.offset = pool, key, version, offset
-        self.policy = chunk or ChunkPolicy()
-        self.sent = 0
-        self.last = time.monotonic()
-        self.chunks = 0
-
-    def _send(self, live: _Live) -> Any:
-        n = len(live.tokens)
-        ref = self.pool.append.remote(self.key, self.version, live.tokens[self.sent:n], live.log_probs[self.sent:n],
-                                      None, self.offset + self.sent)
-        self.sent, self.last = n, time.monotonic()
-        self.chunks += 1
-        return ref
-
-    def maybe_flush(self, live: _Live) -> None:
-        if self.policy.due(len(live.tokens) - self.sent, time.monotonic() - self.last):
-            self._send(live)  # not awaited: calls from one caller run in order on the pool actor
-
-    async def flush(self, live: _Live) -> None:
-        if len(live.tokens) > self.sent:
-            await self._send(live)
-        else:
-            # nothing new; still wait for the chunks already sent, so the caller sees them applied
-            await self.pool.__ray_call__.remote(lambda pool: None)
 
 
 class EngineReplica:
@@ -167,7 +137,7 @@ class EngineReplica:
             if not want_lp:
                 raise ValueError(f"request {request_id}: the partial-response pool keeps rollout log-probs; "
                                  "request logprobs=True")
-            streamer = _PoolStreamer(self._pool_handle(), pool_key, version, pool_offset, self._chunk)
+            streamer = PoolStreamer(self._pool_handle(), pool_key, version, pool_offset, self._chunk)
 
         async def consume() -> None:
             gen = self._engine.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id)
@@ -178,7 +148,7 @@ class EngineReplica:
                     live.log_probs.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []))
                 live.finished = live.finished or out.finished
                 if streamer is not None:
-                    streamer.maybe_flush(live)
+                    streamer.maybe_flush(live.tokens, live.log_probs)
 
         live.task = asyncio.get_running_loop().create_task(consume())
         self._live[request_id] = live
@@ -190,7 +160,8 @@ class EngineReplica:
         finally:
             self._live.pop(request_id, None)
         if streamer is not None:
-            await streamer.flush(live)  # acknowledged: everything this piece made is in the pool
+            # acknowledged: everything this piece made is in the pool
+            await streamer.flush(live.tokens, live.log_probs)
         self.generated_tokens += len(live.tokens)
         if self._garbage > 0 and live.tokens:
             self._garbage -= 1

@@ -24,7 +24,7 @@ It also implements verl's RequestLoadBalancer protocol so it can stand in for ve
 A replica dies (its actor fails a request, or a refresh): the pinned client reports it
 (``replica_failed``); the router checks the server is really gone (a probe call), marks it dead (it takes and
 loads nothing more) and moves its open groups to live replicas of the same version
-(``policy.replica_loss``); their requests restart there from the prompt. A group no live replica can keep at
+(``policy.replica_loss``); their requests continue there (from the pool, or the prompt). A group no live one keeps at
 its version is lost: its requests raise ``ReplicaLost``, verl fails the group and refills the batch.
 """
 
@@ -112,7 +112,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._published: Optional[int] = None
         self._tasks: set[asyncio.Task] = set()
         self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": [],
-                                         "failures": []}
+                                         "failures": [], "continued": []}
         self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
         self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
         self._probe_timeout_s = 10.0

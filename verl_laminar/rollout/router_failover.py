@@ -5,7 +5,9 @@ counts, events and waiters). Dataflow:
     pinned client: a request fails with a Ray actor error -> replica_failed(group, version, error)
         -> the group's replica answers a probe?   yes: "alive" (the error was something else; it is raised)
         -> no: _fail(replica) -> policy.replica_loss.fail_replica: mark dead, move its open groups to live
-           replicas of their version (restart from the prompt there), the rest are lost -> "moved" / "lost"
+           replicas of their version (each request continues there from what reached the partial-response
+           pool, or from its prompt), the rest are lost -> "moved" / "lost"
+    pinned client: continued_from_pool(group, request, tokens) -> counted in the "continued" events
     router: a refresh fails and the replica does not answer a probe -> _fail(replica); dispatch goes on
 Once no replica is alive the router stops with an error: nothing can generate.
 """
@@ -44,6 +46,11 @@ class ReplicaFailover:
         if group_id in self._lost:
             return "lost"
         return "moved" if self._state.replica(self._state.pins[group_id].replica_id).alive else "lost"
+
+    def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
+        """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
+        partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
+        self._events["continued"].append((group_id, request_id, int(tokens)))
 
     async def _alive(self, replica_id: int) -> bool:
         """A dead actor fails any call at once; a hung one does not answer within the timeout."""

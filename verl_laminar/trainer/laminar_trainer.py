@@ -52,7 +52,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.relay_group = None
         self._replicas: list = []
         self._timeline: tl.TimelineWriter | None = None
-        self._ft = {"failures": 0, "moved": 0, "lost": 0}  # replica failover, cumulative (laminar/ft/*)
+        self.pool = None  # the partial-response pool actor (laminar.pool.enabled)
+        # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
+        self._ft = {"failures": 0, "moved": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
         super().__init__(config)
 
     # ---- construction ----
@@ -72,7 +74,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             rollout_n=int(self.config.actor_rollout_ref.rollout.n))
 
     def _setup(self) -> None:
-        super()._setup()
+        from verl_laminar.trainer import pool as lpool
+
+        self.pool = lpool.spawn_partial_pool(self.config, self.laminar)
+        with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
+            super()._setup()
         from verl_laminar.rollout.router import RefreshSettings, spawn_router
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
@@ -99,12 +105,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         ray.kill(default)
         logger.info("laminar: %d standalone replicas, %d groups per replica batch, repack %s", len(replicas), gpb,
                     repack or "off")
-        # verl's vLLM server answers a request only when it ends, so there is nothing to stream: the
-        # partial-response pool and heartbeats serve the fault-tolerant runtime (verl_laminar.ft, its own
-        # flags); here a dead replica is found by its failed requests and its groups restart from the prompt
-        logger.info("laminar: replica failover on (a dead replica's groups move to a live replica of their "
-                    "version); laminar.pool and laminar.heartbeat are not used by this trainer (no streaming "
-                    "generate to feed the pool)")
+        logger.info("laminar: replica failover on (a dead replica's groups move to a live replica of their version); "
+                    "its requests continue from %s", "the partial-response pool" if streaming else "the prompt")
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
@@ -243,6 +245,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     ledger.discard(f"{group_id}_{i}", f"replica {f['replica_id']} died")
             logger.error("laminar: replica %d died (%s); groups moved %s, lost %s", f["replica_id"], f["error"],
                          f["moved"], f["lost"])
+        for group_id, request_id, tokens in events.get("continued", ()):
+            self._ft["continued"] += 1
+            self._ft["continued_tokens"] += tokens
+            logger.warning("laminar: request %s of group %s continued from the pool after %d tokens", request_id,
+                           group_id, tokens)
         for replica_id, version, t, *_ in events["versions"]:
             self.accounting.replicas.record(replica_id, version, t)
             logger.info("laminar: replica %d loaded version %d", replica_id, version)
@@ -265,7 +272,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         out[lm.INVARIANT_CHECKED] = float(self.replay_buffer.checked_trajectories)
         out.update(snap_router["repack"])
         out.update({lm.FT_REPLICA_FAILURES: float(self._ft["failures"]), lm.FT_GROUPS_MOVED: float(self._ft["moved"]),
-                    lm.FT_GROUPS_LOST: float(self._ft["lost"]),
+                    lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
+                    lm.FT_POOL_CONTINUED_TOKENS: float(self._ft["continued_tokens"]),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
@@ -295,3 +303,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self.relay_group is not None:
             ray.get(self.relay_group.shutdown.remote())
             self.relay_group = None
+        if self.pool is not None:  # after the router: no request is open any more
+            ray.get(self.pool.shutdown.remote())
+            ray.kill(self.pool)
+            self.pool = None

@@ -1,0 +1,175 @@
+"""The partial-response pool on verl's path (laminar.pool.enabled): verl's server streams each tagged request's
+tokens to the pool (rollout.streaming_server.StreamingEngine), and when a replica dies the pinned client continues
+the response on the group's new replica from what reached the pool instead of from the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from laminar_testing import ActorShell, client_config
+from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.pool.partial import ChunkPolicy, PartialPool
+from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
+from verl_laminar.rollout.pool_client import RECOVERED
+from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, StreamingEngine, pool_key
+
+
+class Pool(PartialPool):
+    pass
+
+
+class FakeEngine:
+    """vLLM's AsyncLLM.generate shape: cumulative RequestOutputs, one token per step; ``aborted`` is a flag."""
+
+    def __init__(self, tokens: int, logprobs: bool = True) -> None:
+        self.tokens, self.logprobs, self.other = tokens, logprobs, "engine attribute"
+
+    async def generate(self, prompt=None, sampling_params=None, request_id=None, **kw):
+        ids: list[int] = []
+        for i in range(self.tokens):
+            await asyncio.sleep(0)
+            ids.append(100 + i)
+            lps = [{t: SimpleNamespace(logprob=-0.1 * (j + 1))} for j, t in enumerate(ids)] if self.logprobs else None
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(ids), logprobs=lps)])
+
+
+def _params(key=None):
+    return SimpleNamespace(extra_args=None if key is None else {POOL_KEY_ARG: key})
+
+
+def test_a_tagged_request_streams_every_token_and_log_prob_to_the_pool():
+    async def main():
+        pool = Pool()
+        pool.open("r1", "g", 3, [1, 2], {})
+        eng = StreamingEngine(FakeEngine(10), lambda: ActorShell(pool), lambda: 3, ChunkPolicy(flush_tokens=4))
+        outs = [o async for o in eng.generate(prompt={}, sampling_params=_params("r1"), request_id="r1")]
+        assert len(outs) == 10  # verl sees every output, unchanged
+        t = pool.get("r1")
+        assert t.tokens == list(range(100, 110))
+        assert t.logprobs == pytest.approx([-0.1 * (j + 1) for j in range(10)])
+        assert eng.other == "engine attribute" and eng.streamed_requests == 1  # everything else passes through
+
+    asyncio.run(main())
+
+
+def test_untagged_requests_stream_nothing_and_missing_log_probs_are_placeholders():
+    async def main():
+        pool = Pool()
+        eng = StreamingEngine(FakeEngine(3), lambda: pytest.fail("no pool lookup for an untagged request"),
+                              lambda: 0)
+        assert len([o async for o in eng.generate(prompt={}, sampling_params=_params(), request_id="x")]) == 3
+        pool.open("r2", "g", 0, [1], {})
+        eng = StreamingEngine(FakeEngine(3, logprobs=False), lambda: ActorShell(pool), lambda: 0)
+        [o async for o in eng.generate(prompt={}, sampling_params=_params("r2"), request_id="r2")]
+        assert pool.get("r2").tokens == [100, 101, 102] and all(math.isnan(x) for x in pool.get("r2").logprobs)
+
+    asyncio.run(main())
+    assert pool_key(_params("k")) == "k" and pool_key(SimpleNamespace()) is None
+
+
+def test_a_server_on_another_version_than_the_entry_is_refused_by_the_pool():
+    async def main():
+        pool = Pool()
+        pool.open("r3", "g", 2, [1], {})
+        eng = StreamingEngine(FakeEngine(2), lambda: ActorShell(pool), lambda: 5, ChunkPolicy(flush_tokens=1))
+        with pytest.raises(InvariantViolation, match="of version 2 got tokens of version 5"):
+            [o async for o in eng.generate(prompt={}, sampling_params=_params("r3"), request_id="r3")]
+
+    asyncio.run(main())
+
+
+def _next(prefix):
+    return (sum(prefix) * 31 + len(prefix)) % 1000
+
+
+class StreamingMortalServer:
+    """Like verl's server with the streaming engine: one token every 2 ms as a function of the prefix, each token
+    sent to the pool entry named in extra_args at once; ``die()`` makes every call fail as a dead actor's."""
+
+    def __init__(self, rid: int, pool: Pool) -> None:
+        self.rid, self.pool, self.version, self.dead = rid, pool, -1, False
+        self.prompts, self.tokens_made = [], 0
+
+    def die(self) -> None:
+        self.dead = True
+
+    async def __ray_ready__(self):
+        if self.dead:
+            raise ActorDiedError()
+        return True
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        if self.dead:
+            raise ActorDiedError()
+        self.prompts.append(list(prompt_ids))
+        key = (sampling_params.get("extra_args") or {}).get(POOL_KEY_ARG)
+        seq, out = list(prompt_ids), []
+        for _ in range(sampling_params["max_tokens"]):
+            await asyncio.sleep(0.002)
+            if self.dead:
+                raise ActorDiedError()
+            t = _next(seq)
+            seq.append(t)
+            out.append(t)
+            self.tokens_made += 1
+            if key is not None:
+                self.pool.append(key, self.version, [t], [-(t % 7) / 10], None, len(out) - 1)
+        return SimpleNamespace(token_ids=out, log_probs=[-(t % 7) / 10 for t in out], stop_reason="completed",
+                               extra_fields={"global_steps": self.version})
+
+
+def _expected(prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(_next(seq))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("with_pool", [True, False], ids=["continued_from_pool", "restarted_without_pool"])
+def test_a_dead_replicas_request_continues_from_its_streamed_tokens(with_pool):
+    async def main():
+        pool = Pool()
+        servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
+
+        async def refresher(replica, version):
+            if servers[replica.replica_id].dead:
+                raise ActorDiedError()
+            servers[replica.replica_id].version = version
+
+        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
+                               refresher=refresher)
+        router._probe_timeout_s = 1.0
+        await router.start(0)
+        client = LaminarLLMServerClient(client_config(response_length=60), load_balancer_handle=ActorShell(router),
+                                        pool_handle=ActorShell(pool) if with_pool else None)
+        pin = await router.assign_group("g", 1)
+        other = await router.assign_group("h", 1)  # keeps the other replica at the same version
+        GROUP_PIN.set(pin)
+        victim = servers[pin.replica_id]
+        task = asyncio.create_task(client.generate("g-0", prompt_ids=[5, 6], sampling_params={"logprobs": True,
+                                                                                           "max_tokens": 60}))
+        while victim.tokens_made < 20 and not task.done():
+            await asyncio.sleep(0.002)
+        victim.die()
+        out = await task
+        assert out.token_ids == _expected([5, 6], 60)  # the whole response, as if nothing had happened
+        assert len(out.log_probs) == 60
+        survivor = servers[other.replica_id]
+        resumed = survivor.prompts[-1]
+        events = router.drain_events()
+        if with_pool:
+            # the survivor got prompt + the tokens that reached the pool, and generated only the rest
+            assert len(resumed) > 2 + 15 and resumed[:2] == [5, 6]
+            assert [(g, n) for g, _, n in events["continued"]] == [("g", len(resumed) - 2)]
+            assert len(pool) == 0  # every piece's entry is closed
+        else:
+            assert resumed == [5, 6] and events["continued"] == []
+        assert out.extra_fields.get(RECOVERED) is None  # the final output is the assembled response
+
+    asyncio.run(main())

@@ -1,0 +1,72 @@
+"""The pinned client's side of the partial-response pool under verl (``laminar.pool.enabled``).
+
+Each request piece gets a pool entry, keyed by its vLLM request id, before it is sent; the server streams the
+piece's tokens into it (``rollout.streaming_server``); the client closes it once the piece's output is in hand.
+When the piece's replica dies, ``recover`` reads what reached the pool: the response continues from there on
+the group's new replica of the same version (the client treats it as a migrated piece: prompt + partial
+response, the remaining budget), instead of starting over from the prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from verl_laminar.policy.dispatch import Assignment
+from verl_laminar.rollout.streaming_server import POOL_KEY_ARG
+
+logger = logging.getLogger(__name__)
+
+# extra_fields key on an output rebuilt from the pool: how many tokens it kept
+RECOVERED = "laminar_recovered_tokens"
+
+
+def _loggable(params: dict) -> dict:
+    """The sampling parameters the pool logs (JSON lines): plain values only."""
+    return {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str)) or v is None}
+
+
+def pool_enabled(config: Any) -> bool:
+    """``laminar.pool.enabled`` of a verl config that has a ``laminar`` block (False without one)."""
+    from omegaconf import OmegaConf
+
+    return bool(OmegaConf.select(config, "laminar.pool.enabled", default=False)) \
+        if OmegaConf.is_config(config) else False
+
+
+class PieceRecorder:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def open(self, vid: str, pin: Assignment, prompt_ids: list, params: dict) -> dict:
+        """Open the piece's entry; returns the parameters to send, tagged with the entry's key."""
+        await self.pool.open.remote(vid, pin.group_id, pin.version, list(prompt_ids), _loggable(params),
+                                    pin.replica_id)
+        extra = dict(params.get("extra_args") or {})
+        extra[POOL_KEY_ARG] = vid
+        return {**params, "extra_args": extra}
+
+    async def close(self, vid: str) -> None:
+        await self.pool.close.remote(vid)
+
+    async def recover(self, vid: str, want_log_probs: bool, keep: bool = True) -> Optional[Any]:
+        """Close piece ``vid``'s entry (its replica died: the piece is over) and, with ``keep``, return what the
+        replica streamed as verl's client returns an aborted request, labelled (as verl's client labels each
+        output) with the entry's version, which the pool checked for every chunk; None when nothing reached the
+        pool or ``keep`` is False."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        entry = (await self.pool.get_many.remote([vid])).get(vid)
+        if entry is None:
+            return None  # never opened (the death came first) or already closed
+        await self.close(vid)
+        if not keep or not entry.tokens:
+            return None
+        return TokenOutput(token_ids=list(entry.tokens), log_probs=list(entry.logprobs) if want_log_probs else None,
+                           stop_reason="aborted",
+                           extra_fields={"global_steps": entry.version, "min_global_steps": entry.version,
+                                         "max_global_steps": entry.version, RECOVERED: len(entry.tokens)})
+
+
+def recovered_tokens(output: Any) -> int:
+    return int((getattr(output, "extra_fields", None) or {}).get(RECOVERED, 0))

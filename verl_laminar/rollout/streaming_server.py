@@ -1,0 +1,139 @@
+"""verl's vLLM server, streaming each Laminar request's tokens to the partial-response pool while it generates.
+
+verl's ``vLLMHttpServer.generate`` answers only when a request ends, so a replica that dies mid-generation takes
+its requests' tokens with it. Under ``+laminar=enabled`` with ``laminar.pool.enabled`` the replicas run this
+subclass instead (``LaminarVLLMReplica.server_class``, chosen through verl's ``LLMServerManager.
+rollout_replica_class`` seam by ``replica_class_for``):
+
+    pinned client (rollout.pool_client)  pool.open(vLLM request id, group, version, prompt)  -> then generate with
+                                         SamplingParams.extra_args[POOL_KEY_ARG] = that id
+    this server's engine wrapper         every output of a tagged request -> its new tokens and log-probs go to
+                                         the pool in chunks (pool.stream.PoolStreamer, laminar.pool.flush_*),
+                                         tagged with the version the server serves; the last chunk is awaited
+                                         before verl's generate sees the end of the stream
+    the replica dies                     the client reads the entry and continues the response on the group's
+                                         new replica (same version) from its tokens so far
+
+Only ``AsyncLLM.generate`` is wrapped (after verl's ``run_server`` builds the engine); every other attribute
+is the engine's own, so aborts, weight loads and sleep/wake are verl's code unchanged. Requests without the
+tag (verl's own, or Laminar's with the pool off) stream nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from verl_laminar.pool.partial import ChunkPolicy
+from verl_laminar.pool.stream import NO_LOGPROB, PoolStreamer
+
+logger = logging.getLogger(__name__)
+
+# SamplingParams.extra_args key naming the pool entry a request streams to (vLLM passes extra_args through)
+POOL_KEY_ARG = "laminar_pool_key"
+
+
+def pool_key(sampling_params: Any) -> Optional[str]:
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    key = extra.get(POOL_KEY_ARG)
+    return None if key is None else str(key)
+
+
+def _new_log_probs(completion: Any, start: int, tokens: list) -> list:
+    """Log-probs of ``tokens`` (the completion's tokens from ``start``), or placeholders when none were asked."""
+    lps = getattr(completion, "logprobs", None)
+    if not lps:
+        return [NO_LOGPROB] * len(tokens)
+    return [lps[start + i][t].logprob for i, t in enumerate(tokens)]
+
+
+class StreamingEngine:
+    """An ``AsyncLLM`` whose ``generate`` also streams tagged requests to the pool; everything else passes through.
+
+    ``pool``: a callable returning the pool actor handle (looked up on first use); ``version``: a callable
+    returning the version the server serves now (verl's ``global_steps``).
+    """
+
+    def __init__(self, engine: Any, pool: Callable[[], Any], version: Callable[[], Any],
+                 chunk: Optional[ChunkPolicy] = None) -> None:
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_pool", pool)
+        object.__setattr__(self, "_version", version)
+        object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
+        object.__setattr__(self, "streamed_requests", 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._engine, name, value)
+
+    async def generate(self, *args: Any, **kwargs: Any):
+        params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+        key = pool_key(params)
+        if key is None:
+            async for out in self._engine.generate(*args, **kwargs):
+                yield out
+            return
+        version = self._version()
+        if version is None:
+            raise RuntimeError(f"request {key}: the server has no weight version yet (global_steps is None); a "
+                               "Laminar request is sent only to a replica that loaded its version")
+        streamer = PoolStreamer(self._pool(), key, int(version), 0, self._chunk)
+        tokens: list = []
+        log_probs: list = []
+        delta = getattr(getattr(params, "output_kind", None), "name", "") == "DELTA"
+        async for out in self._engine.generate(*args, **kwargs):
+            if out.outputs:
+                c = out.outputs[0]
+                new = list(c.token_ids) if delta else list(c.token_ids[len(tokens):])
+                # a cumulative output's log-probs are cumulative too; a delta output's are the new ones
+                log_probs.extend(_new_log_probs(c, 0 if delta else len(tokens), new))
+                tokens.extend(new)
+                streamer.maybe_flush(tokens, log_probs)
+            yield out
+        await streamer.flush(tokens, log_probs)
+        object.__setattr__(self, "streamed_requests", self.streamed_requests + 1)
+
+
+def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
+    """A subclass of verl's ``vLLMHttpServer`` whose engine is a ``StreamingEngine`` (not yet ``ray.remote``)."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    from verl_laminar.pool.actor import POOL_NAME
+
+    name = pool_name or POOL_NAME
+    policy = chunk or ChunkPolicy()
+
+    class LaminarVLLMHttpServer(vLLMHttpServer):
+        async def run_server(self, args: Any) -> None:
+            await super().run_server(args)
+            cache: dict = {}
+
+            def pool() -> Any:
+                if "pool" not in cache:
+                    import ray
+
+                    cache["pool"] = ray.get_actor(name)
+                return cache["pool"]
+
+            self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy)
+            logger.info("laminar: replica %s streams tagged requests to the partial-response pool %r",
+                        self.replica_rank, name)
+
+    return LaminarVLLMHttpServer
+
+
+def replica_class_for(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
+    """verl's ``vLLMReplica`` with the streaming server: what ``LLMServerManager.rollout_replica_class`` takes."""
+    import ray
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    server = streaming_server_class(chunk, pool_name)
+
+    class LaminarVLLMReplica(vLLMReplica):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.server_class = ray.remote(server)
+
+    return LaminarVLLMReplica

@@ -1,0 +1,77 @@
+"""The partial-response pool on verl's trainer path (``laminar.pool.enabled``): the pool actor and the replicas
+that stream to it.
+
+    LaminarTrainer._setup: spawn_partial_pool (a fresh log under trainer.default_local_dir, on the driver's
+        node, after sweeping a pool a crashed run left behind) -> with streaming_replicas(...): verl's _setup
+        builds its rollout replicas as rollout.streaming_server.LaminarVLLMReplica
+    pinned clients open / close an entry per request piece and read it when the replica dies
+        (rollout.pool_client); the router counts continuations; the trainer reports laminar/ft/pool_*
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, Iterator, Optional
+
+logger = logging.getLogger(__name__)
+
+POOL_LOG = "laminar_pool.log"
+
+
+def pool_log_path(config: Any) -> str:
+    return os.path.join(str(config.trainer.default_local_dir), POOL_LOG)
+
+
+def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
+    """The pool actor of this run, or None with ``laminar.pool.enabled=false``.
+
+    The log starts empty: its entries belong to request pieces of an earlier process, which no client will read
+    again (the clients that opened them are gone, and a resumed run regenerates what was not trained)."""
+    if not laminar.pool.enabled:
+        return None
+    import ray
+
+    from verl_laminar.pool.actor import POOL_NAME, spawn_pool
+
+    try:  # a crashed run's pool in a Ray cluster that outlived it
+        ray.kill(ray.get_actor(POOL_NAME))
+        logger.warning("laminar: killed a partial-response pool %r left by an earlier run", POOL_NAME)
+    except ValueError:
+        pass  # none: the usual case
+    path = pool_log_path(config)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if os.path.exists(path):
+        os.remove(path)
+    pool = spawn_pool(path, node_id=ray.get_runtime_context().get_node_id())
+    ray.get(pool.__ray_ready__.remote())  # started (it replays nothing): a failure shows here, not at the first request
+    logger.info("laminar: partial-response pool %r, log %s (flush every %d tokens or %.1f s)", POOL_NAME, path,
+                laminar.pool.flush_tokens, laminar.pool.flush_interval_s)
+    return pool
+
+
+@contextlib.contextmanager
+def streaming_replicas(laminar: Any, rollout_name: str) -> Iterator[bool]:
+    """Inside, verl's ``LLMServerManager`` builds its vLLM replicas with the streaming server (its
+    ``rollout_replica_class`` seam); yields whether it does. Off for other engines or with the pool off."""
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    if not laminar.pool.enabled or rollout_name != "vllm":
+        if laminar.pool.enabled:
+            logger.warning("laminar.pool.enabled: rollout %r has no streaming server; a dead replica's requests "
+                           "restart from the prompt", rollout_name)
+        yield False
+        return
+    from verl_laminar.pool.partial import ChunkPolicy
+    from verl_laminar.rollout.streaming_server import replica_class_for
+
+    if "rollout_replica_class" in vars(LLMServerManager):
+        raise RuntimeError("verl's LLMServerManager.rollout_replica_class is already set; the partial-response pool "
+                           "needs its own replica class there (laminar.pool.enabled=false to run without it)")
+    LLMServerManager.rollout_replica_class = replica_class_for(
+        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s))
+    try:
+        yield True
+    finally:
+        del LLMServerManager.rollout_replica_class
