@@ -185,3 +185,19 @@ def test_a_failure_on_a_replica_the_group_already_left_is_judged_by_that_replica
         assert await router.replica_failed("ga", 0, "RayActorError()", f"a{other}") == "alive"
 
     asyncio.run(main())
+
+
+def test_movable_groups_are_the_open_ones_another_live_replica_serves_at_their_version():
+    """What fault injection waits for before it kills a replica to test the continuation: a group there that a
+    death would move (same version elsewhere), not lose."""
+    async def main():
+        router, servers, client, _ = await _setup(2, gpb=1)
+        pin = await router.assign_group("ga", 1)
+        assert router.open_groups_on(pin.replica_id) == 1
+        assert router.movable_groups_on(pin.replica_id) == 1  # the other replica serves version 0 too
+        await router.on_publish(1)  # the idle replica moves on to version 1; ga keeps its replica on 0
+        while router.versions()[1 - pin.replica_id] != 1:
+            await asyncio.sleep(0.01)
+        assert router.open_groups_on(pin.replica_id) == 1 and router.movable_groups_on(pin.replica_id) == 0
+
+    asyncio.run(main())

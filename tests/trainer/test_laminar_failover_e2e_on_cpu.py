@@ -23,8 +23,10 @@ KILLED = 1
 @pytest.fixture(scope="module")
 def failover_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_laminar_failover")
+    # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
     rc, log = run_cpu_laminar(out, tiny_model_dir, f"laminar.fault_injection.kill_replica={KILLED}",
-                              "laminar.fault_injection.kill_after_step=1", steps=STEPS)
+                              "laminar.fault_injection.kill_after_step=1", "laminar.pool.flush_tokens=8",
+                              "laminar.pool.flush_interval_s=0.2", steps=STEPS)
     (out / "log.txt").write_text(log)
     assert rc == 0, log[-6000:]
     return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
@@ -41,6 +43,15 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
     assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
     assert last["laminar/ft/live_replicas"] == 1
+    if last["laminar/ft/groups_moved"] >= 1:
+        # the moved groups' requests in flight continued from what they had streamed to the partial-response pool
+        # (the kill waits for two requests there with a whole chunk of 8 tokens in the pool)
+        assert last["laminar/ft/pool_continued"] >= 1, last
+        assert last["laminar/ft/pool_continued_tokens"] >= 8, last
+        continued = re.findall(r"its replica died after (\d+) tokens; the response continues from the partial", log)
+        assert len(continued) == last["laminar/ft/pool_continued"], continued
+        assert sum(map(int, continued)) == last["laminar/ft/pool_continued_tokens"], continued
+    assert "partial-response pool 'laminar_partial_pool'" in log  # the trainer spawned it
     assert last["laminar/trajectories/trained"] == STEPS * 8 * 4  # whole groups, nothing trained twice
     assert last["laminar/invariant/checked_trajectories"] >= last["laminar/trajectories/trained"]
     # lost groups were dropped on purpose (failed by verl, refilled): their trajectories count as discarded,

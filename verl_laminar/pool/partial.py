@@ -137,6 +137,11 @@ class PartialPool:
     def on_replica(self, replica_id: int) -> list[PartialTrajectory]:
         return [t for t in self._entries.values() if t.replica_id == replica_id]
 
+    def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
+        """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in
+        the pool)."""
+        return sum(1 for t in self._entries.values() if t.replica_id == replica_id and len(t.tokens) >= min_tokens)
+
     # ---- internals ----
     def _apply(self, rec: dict, replaying: bool = False) -> None:
         op, key = rec["op"], rec["key"]

@@ -71,6 +71,14 @@ class ReplicaFailover:
         """Groups on the replica that a death now would move or lose (fault injection waits for one)."""
         return len(set(self._state.replica(replica_id).open_groups) - self._complete_groups())
 
+    def movable_groups_on(self, replica_id: int) -> int:
+        """Of ``open_groups_on``, the groups a death now would move rather than lose: another live replica that is
+        not refreshing serves their version (fault injection waits for one to test the continuation)."""
+        served = {r.version for r in self._state.replicas
+                  if r.alive and r.refreshing_to is None and r.replica_id != replica_id}
+        open_ = set(self._state.replica(replica_id).open_groups) - self._complete_groups()
+        return sum(1 for g in open_ if self._state.pins[g].version in served)
+
     def _fail(self, replica_id: int, error: str) -> None:
         """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
         if not self._state.replica(replica_id).alive:

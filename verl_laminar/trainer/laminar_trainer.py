@@ -185,16 +185,26 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         Not in this call: the trainer drives the next batch's generation only after the step ends, so a wait here
         could see no new work. Not on "requests in flight" either: the last requests of a batch could finish while
         the kill was under way (finding the PIDs takes several Ray calls), and the replica died idle. So the PIDs
-        are found first, the thread asks the router for open, unfinished groups on the replica and signals at once
-        on the answer; the next step's end (``_land_armed_kill``) kills it before publishing if it has not fired.
+        are found first, the thread asks the router for open, unfinished groups on the replica (and, with the
+        partial-response pool, for a group that can move and requests there that streamed a chunk) and signals at
+        once on the answer; the next step's end (``_land_armed_kill``) kills it before publishing if it has not fired.
         """
         replica = next(r for r in self._replicas if r.replica_id == replica_id)
         pids = runtime.replica_pids(replica)
         now = threading.Event()
 
+        def busy() -> bool:
+            if self.pool is None:
+                return ray.get(self.router.open_groups_on.remote(replica_id)) > 0
+            # with the pool: once a group there can move (a live replica serves its version) and two requests
+            # there have streamed a whole chunk each, so the death leaves work that continues from the pool
+            chunk = self.laminar.pool.flush_tokens
+            return (ray.get(self.router.movable_groups_on.remote(replica_id)) > 0
+                    and ray.get(self.pool.streamed_on.remote(replica_id, chunk)) >= 2)
+
         def kill_when_busy() -> None:
             deadline = time.monotonic() + wait_s
-            while not now.is_set() and ray.get(self.router.open_groups_on.remote(replica_id)) == 0:
+            while not now.is_set() and not busy():
                 if time.monotonic() > deadline:
                     logger.warning("laminar.fault_injection: replica %d held no unfinished group for %.0f s; killing "
                                    "it anyway", replica_id, wait_s)

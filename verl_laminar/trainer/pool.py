@@ -16,6 +16,7 @@ import os
 from typing import Any, Iterator, Optional
 
 logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # part of the run's record, as the trainer's lines
 
 POOL_LOG = "laminar_pool.log"
 
