@@ -78,6 +78,8 @@ FT_LIVE_REPLICAS = "laminar/ft/live_replicas"
 # pool (laminar.pool.enabled), and those tokens: work a restart from the prompt would have thrown away
 FT_POOL_CONTINUED = "laminar/ft/pool_continued"
 FT_POOL_CONTINUED_TOKENS = "laminar/ft/pool_continued_tokens"
+# replicas the hang watch found holding requests with nothing streamed for laminar.heartbeat.dead_after_s, and killed
+FT_HUNG_REPLICAS = "laminar/ft/hung_replicas"
 
 _COUNT_NAMES = {
     "in_flight": TRAJECTORIES_IN_FLIGHT,

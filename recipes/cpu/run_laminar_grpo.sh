@@ -7,6 +7,8 @@
 #
 # Repack is on (laminar.repack.enabled=false turns it off); it checks every REPACK_INTERVAL s (default 1.0:
 # trajectories here take seconds, where the paper's 5 s interval is sized for minute-long ones).
+# The hang watch kills a replica that holds requests and streams nothing for laminar.heartbeat.dead_after_s: on
+# 2 shared cores a decode loop can stall for seconds (3 s gave false deaths in the fault-tolerant runtime), so 30.
 # Resources: TRAINER_RANKS (default 1) FSDP ranks for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
@@ -27,6 +29,7 @@ exec "$PY" -m "$ENTRY" \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=laminar_grpo \
   laminar.repack.interval_s="${REPACK_INTERVAL:-1.0}" \
+  laminar.heartbeat.dead_after_s="${DEAD_AFTER_S:-30}" \
   ++trainer.v1.laminar.num_warmup_batches="$WARMUP" \
   "${WORKLOAD[@]}" \
   "$@"

@@ -1,5 +1,6 @@
 """`python -m verl.trainer.main_ppo ... +laminar=enabled` with a rollout replica killed mid-run (SIGKILL of its
-server, its workers and vLLM's engine core, after step 1 publishes, once it has requests in flight).
+server, its workers and vLLM's engine core, after step 1 publishes, once it has requests in flight), or hung
+(SIGSTOP of the same processes), which the hang watch must find from its silent token stream and kill.
 
 Replica failover under verl's trainer: the dead replica's open groups move to the live replica when it serves
 their version (their requests run again there from the prompt) or are failed and refilled by verl; the run
@@ -14,28 +15,36 @@ import pytest
 from laminar_testing import run_cpu_laminar
 from verl_laminar.report.runlog import RunRecord
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # ~6 min and ~10 GB on a 2-core host  # timeout: the run plus its checks
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # two runs of ~3 min and ~10 GB each on a 2-core host
 
 STEPS = 3
 KILLED = 1
 
 
-@pytest.fixture(scope="module")
-def failover_run(tiny_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cpu_laminar_failover")
+# "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
+# DEAD_AFTER_S of the stop, or the run's requests wait forever), and then kills it the same way
+@pytest.fixture(scope="module", params=["kill", "hang"])
+def failover_run(request, tiny_model_dir, tmp_path_factory):
+    fault = request.param
+    out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
     # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
     rc, log = run_cpu_laminar(out, tiny_model_dir, f"laminar.fault_injection.kill_replica={KILLED}",
-                              "laminar.fault_injection.kill_after_step=1", "laminar.pool.flush_tokens=8",
-                              "laminar.pool.flush_interval_s=0.2", steps=STEPS)
+                              "laminar.fault_injection.kill_after_step=1",
+                              f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
+                              "laminar.pool.flush_interval_s=0.2", "laminar.heartbeat.dead_after_s=10", steps=STEPS)
     (out / "log.txt").write_text(log)
     assert rc == 0, log[-6000:]
-    return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
 
 
 def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
-    log, run = failover_run
-    killed = re.findall(r"fault_injection: killed replica (\d+) \(SIGKILL of PIDs \[([\d, ]+)\]\)", log)
-    assert [int(r) for r, _ in killed] == [KILLED], killed
+    fault, log, run = failover_run
+    signal = "SIGKILL" if fault == "kill" else "SIGSTOP"
+    done = "killed" if fault == "kill" else "stopped"
+    hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of PIDs \[([\d, ]+)\]\)", log)
+    assert [int(r) for r, _ in hit] == [KILLED], hit
+    hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of PIDs", log)
+    assert [int(r) for r in hung] == ([KILLED] if fault == "hang" else []), hung
     assert sorted(run.steps) == list(range(1, STEPS + 1))
     assert "InvariantViolation" not in log
     last = run.steps[STEPS]
@@ -43,6 +52,7 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
     assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
     assert last["laminar/ft/live_replicas"] == 1
+    assert last["laminar/ft/hung_replicas"] == (1 if fault == "hang" else 0)
     if last["laminar/ft/groups_moved"] >= 1:
         # the moved groups' requests in flight continued from what they had streamed to the partial-response pool
         # (the kill waits for two requests there with a whole chunk of 8 tokens in the pool)
@@ -62,7 +72,7 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
 
 
 def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
-    log, _ = failover_run
+    _, log, _ = failover_run
     loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
     # killed after step 1 published version 1 and before step 2 could publish (the trainer waits for the
     # kill): it may have loaded version 1 first, never a later one; the live one goes on

@@ -201,6 +201,8 @@ class FaultInjectionConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.fault_injection"
     kill_replica: Optional[int] = None
     kill_after_step: int = 1
+    # "kill": SIGKILL (its requests fail at once); "hang": SIGSTOP (only the hang watch can find it)
+    replica_fault: str = "kill"
     kill_trainer_after_step: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -212,6 +214,8 @@ class FaultInjectionConfig(_Section):
                       "must be null (no fault) or the rank of a rollout replica (>= 0)")
         self._require("kill_after_step", self.kill_after_step >= 1,
                       "must be a training step >= 1 (the replica dies right after that step publishes)")
+        self._require("replica_fault", self.replica_fault in ("kill", "hang"),
+                      "must be 'kill' (SIGKILL: the replica dies) or 'hang' (SIGSTOP: it stops answering)")
 
 
 @dataclass(frozen=True)

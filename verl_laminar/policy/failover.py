@@ -54,6 +54,17 @@ def fleet_health(last_beats: Mapping[int, float], now_s: float, policy: Heartbea
     return {rid: policy.health(t, now_s) for rid, t in last_beats.items()}
 
 
+def hung_replicas(busy_for_s: Mapping[int, float], silent_for_s: Mapping[int, float],
+                  policy: HeartbeatPolicy) -> list[int]:
+    """Replicas that hold requests and make no progress: busy without a break for at least ``dead_after_s``
+    (``busy_for_s``: seconds since the replica last had no request in flight; absent: idle now) and no token
+    or new request of theirs reached the pool for as long (``silent_for_s``; absent: never). The token stream
+    is the heartbeat: a replica whose server answers calls while its engine is stuck is hung all the same, and
+    an idle replica streams nothing without being hung."""
+    return sorted(rid for rid, busy in busy_for_s.items()
+                  if busy >= policy.dead_after_s and silent_for_s.get(rid, float("inf")) >= policy.dead_after_s)
+
+
 @dataclass(frozen=True)
 class OrphanGroup:
     group_id: str

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -73,6 +74,7 @@ class PartialPool:
         self._fd: Optional[int] = None
         self.recovered = 0
         self.torn_records = 0
+        self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
         if log_path is not None:
             if os.path.exists(log_path):
                 self._replay(log_path)
@@ -137,6 +139,11 @@ class PartialPool:
     def on_replica(self, replica_id: int) -> list[PartialTrajectory]:
         return [t for t in self._entries.values() if t.replica_id == replica_id]
 
+    def silence(self) -> dict[int, float]:
+        """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica."""
+        now = time.monotonic()
+        return {rid: now - t for rid, t in self._activity.items()}
+
     def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
         """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in
         the pool)."""
@@ -183,6 +190,10 @@ class PartialPool:
             else:
                 raise ValueError(f"unknown pool operation {op!r}")
         self._records += 1
+        if not replaying and op in ("open", "append", "reassign"):
+            rid = self._entries[key].replica_id
+            if rid is not None:
+                self._activity[int(rid)] = time.monotonic()
         if not replaying and self._fd is not None:
             os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
             if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:

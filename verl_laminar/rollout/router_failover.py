@@ -71,6 +71,10 @@ class ReplicaFailover:
         """Groups on the replica that a death now would move or lose (fault injection waits for one)."""
         return len(set(self._state.replica(replica_id).open_groups) - self._complete_groups())
 
+    def busy_replicas(self) -> list[int]:
+        """Live replicas with requests in flight now (the hang watch judges only these)."""
+        return sorted(r.replica_id for r in self._state.replicas if r.alive and self._inflight.get(r.replica_id, 0))
+
     def movable_groups_on(self, replica_id: int) -> int:
         """Of ``open_groups_on``, the groups a death now would move rather than lose: another live replica that is
         not refreshing serves their version (fault injection waits for one to test the continuation)."""

@@ -53,6 +53,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._replicas: list = []
         self._timeline: tl.TimelineWriter | None = None
         self.pool = None  # the partial-response pool actor (laminar.pool.enabled)
+        self._hang_watch = None  # trainer.hang.HangWatch: kills a replica that holds requests and streams nothing
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
         self._ft = {"failures": 0, "moved": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
         super().__init__(config)
@@ -99,6 +100,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
                                    repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays))
+        from verl_laminar.trainer.hang import start_hang_watch
+
+        self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, replicas)
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
@@ -210,7 +214,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                    "it anyway", replica_id, wait_s)
                     break
                 time.sleep(0.02)
-            runtime.kill_replica(replica, pids)
+            runtime.kill_replica(replica, pids, hang=self.laminar.fault_injection.replica_fault == "hang")
 
         thread = threading.Thread(target=kill_when_busy, name="laminar-fault-injection", daemon=True)
         thread.start()
@@ -284,6 +288,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         out.update({lm.FT_REPLICA_FAILURES: float(self._ft["failures"]), lm.FT_GROUPS_MOVED: float(self._ft["moved"]),
                     lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
                     lm.FT_POOL_CONTINUED_TOKENS: float(self._ft["continued_tokens"]),
+                    lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
@@ -302,6 +307,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._laminar_shutdown()
 
     def _laminar_shutdown(self) -> None:
+        if self._hang_watch is not None:  # first: replicas stop streaming as the run ends, which is no hang
+            self._hang_watch.stop()
+            self._hang_watch = None
         self.replay_buffer.experience.close()
         if self._timeline is not None:
             self._timeline.close()

@@ -231,18 +231,22 @@ def replica_pids(replica: Any) -> list[int]:
     return list(dict.fromkeys(pids))
 
 
-def kill_replica(replica: Any, pids: Optional[list[int]] = None) -> list[int]:
-    """Fault injection (``laminar.fault_injection``): SIGKILL a replica as a machine loss would (``pids``: from
-    ``replica_pids``, collected ahead so the kill itself takes microseconds); returns the PIDs killed."""
+def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = False,
+                 why: str = "laminar.fault_injection") -> list[int]:
+    """SIGKILL a replica as a machine loss would, or with ``hang`` SIGSTOP it as a stuck one looks (fault
+    injection, ``laminar.fault_injection``; the hang watch kills a hung one the same way). ``pids``: from
+    ``replica_pids``, collected ahead so the signal itself takes microseconds; returns the PIDs signalled."""
     import signal
 
     pids = replica_pids(replica) if pids is None else pids
+    sig = signal.SIGSTOP if hang else signal.SIGKILL
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             continue
-    logger.warning("laminar.fault_injection: killed replica %d (SIGKILL of PIDs %s)", replica.replica_id, pids)
+    logger.warning("%s: %s replica %d (%s of PIDs %s)", why, "stopped" if hang else "killed", replica.replica_id,
+                   sig.name, pids)
     return pids
 
 

@@ -1,0 +1,103 @@
+"""The hang watch (trainer.hang) and its pure rule (policy.failover.hung_replicas): a replica that holds requests
+and streams nothing for dead_after_s is hung and killed once; an idle one, one that just became busy after a long
+idle, and one whose tokens keep coming are not."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas
+from verl_laminar.pool.partial import PartialPool
+from verl_laminar.trainer.hang import HangWatch
+
+POLICY = HeartbeatPolicy(interval_s=1.0, dead_after_s=5.0)
+
+
+def test_the_rule_needs_both_a_long_busy_spell_and_a_long_silence():
+    busy = {0: 6.0, 1: 6.0, 2: 1.0}
+    silent = {0: 6.0, 1: 0.5, 2: 100.0}
+    assert hung_replicas(busy, silent, POLICY) == [0]  # 1 streams, 2 only just took requests
+    assert hung_replicas({3: 9.0}, {}, POLICY) == [3]  # busy and never streamed anything
+    assert hung_replicas({}, {0: 100.0}, POLICY) == []  # idle: silence is not a hang
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_watch_kills_a_stuck_replica_once_and_leaves_the_streaming_one():
+    clock, killed = Clock(), []
+    state = {"busy": [0, 1], "silence": {0: 0.0, 1: 0.0}}
+    watch = HangWatch(POLICY, lambda: state["busy"], lambda: state["silence"], killed.append, clock)
+    for t in range(0, 5):  # both busy; replica 0 stops streaming at t=0, replica 1 streams on
+        clock.t = float(t)
+        state["silence"] = {0: float(t), 1: 0.2}
+        assert watch.check() == []
+    clock.t = 5.0
+    state["silence"] = {0: 5.0, 1: 0.2}
+    assert watch.check() == [0] and killed == [0]
+    clock.t = 9.0
+    state["silence"] = {0: 9.0, 1: 0.2}
+    assert watch.check() == [] and killed == [0]  # once: the router's failover takes it from here
+
+
+def test_a_replica_that_takes_requests_after_a_long_idle_is_given_dead_after_s():
+    clock, killed = Clock(), []
+    state = {"busy": [], "silence": {0: 500.0}}
+    watch = HangWatch(POLICY, lambda: state["busy"], lambda: state["silence"], killed.append, clock)
+    clock.t = 100.0
+    assert watch.check() == []
+    state["busy"] = [0]  # the router counted its requests before their pool entries opened
+    clock.t = 101.0
+    assert watch.check() == []
+    clock.t = 104.0
+    state["busy"] = []  # its batch ended: the busy spell is over
+    assert watch.check() == []
+    state["busy"] = [0]
+    clock.t = 108.0
+    assert watch.check() == [] and killed == []  # busy again only since 108
+
+
+def test_the_pool_clocks_each_replicas_progress():
+    pool = PartialPool()
+    pool.open("a", "g", 0, [1], {}, replica_id=3)
+    time.sleep(0.05)
+    pool.open("b", "g", 0, [1], {}, replica_id=4)
+    s = pool.silence()
+    assert set(s) == {3, 4} and s[3] > s[4] >= 0.0
+    time.sleep(0.05)
+    pool.append("a", 0, [5], [-0.1], offset=0)
+    s = pool.silence()
+    assert s[3] < s[4]  # the chunk is replica 3's heartbeat
+    assert pool.streamed_on(3) == 1 and pool.streamed_on(4) == 0 and pool.streamed_on(3, min_tokens=2) == 0
+
+
+def test_the_watch_survives_a_failed_look():
+    calls = []
+
+    def busy():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("router restarting")
+        return []
+
+    watch = HangWatch(HeartbeatPolicy(interval_s=0.01, dead_after_s=1.0), busy, dict, lambda r: None).start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watch.stop()
+    assert len(calls) >= 3
+
+
+def test_replica_fault_is_checked():
+    from verl_laminar.config.schema import FaultInjectionConfig
+
+    assert FaultInjectionConfig(replica_fault="hang").replica_fault == "hang"
+    with pytest.raises(ValueError, match="replica_fault"):
+        FaultInjectionConfig(replica_fault="freeze")
