@@ -84,10 +84,19 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, replicas: list) -> Op
     from verl_laminar.trainer import runtime
 
     by_id = {r.replica_id: r for r in replicas}
-    pids = {r.replica_id: runtime.replica_pids(r) for r in replicas}
+    # a hung server cannot answer the calls that find its PIDs, so the roots are found now; their children
+    # (vLLM's engine core, started later too) when it is killed
+    roots = {r.replica_id: runtime.local_roots(r) for r in replicas}
 
     def kill(rid: int) -> None:
-        runtime.kill_replica(by_id[rid], pids[rid], why="laminar hang watch")
+        replica = by_id[rid]
+        if roots[rid]:
+            runtime.kill_replica(replica, runtime.process_tree(roots[rid]), why="laminar hang watch")
+        for actor in (replica.server, *replica.workers):  # on other nodes Ray kills them (SIGKILL there)
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as e:  # already gone
+                logger.debug("laminar: hang watch: ray.kill of a replica %d actor: %r", rid, e)
 
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
     watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda: ray.get(pool.silence.remote()),

@@ -217,11 +217,10 @@ def _pid_of(actor: Any) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda self: current_pid())))
 
 
-def replica_pids(replica: Any) -> list[int]:
-    """A replica's processes: its server actor, its workers and every process they started (vLLM's engine core)."""
+def process_tree(roots: list[int]) -> list[int]:
+    """``roots`` and every process they started, as they are now (on this node)."""
     import psutil
 
-    roots = [_pid_of(replica.server)] + [_pid_of(w) for w in replica.workers]
     pids: list[int] = []
     for pid in roots:
         try:
@@ -229,6 +228,19 @@ def replica_pids(replica: Any) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return list(dict.fromkeys(pids))
+
+
+def local_roots(replica: Any) -> list[int]:
+    """PIDs of the replica's server and workers that run on this node (a PID means nothing on another node)."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    return [_pid_of(a) for a in (replica.server, *replica.workers) if _node_of(a) == here]
+
+
+def replica_pids(replica: Any) -> list[int]:
+    """A replica's processes: its server actor, its workers and every process they started (vLLM's engine core)."""
+    return process_tree([_pid_of(replica.server)] + [_pid_of(w) for w in replica.workers])
 
 
 def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = False,
