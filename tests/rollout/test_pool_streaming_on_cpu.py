@@ -17,7 +17,7 @@ from verl_laminar.pool.partial import ChunkPolicy, PartialPool
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.pool_client import RECOVERED
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
-from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, StreamingEngine, pool_key
+from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, StreamingEngine, pool_tag
 
 
 class Pool(PartialPool):
@@ -39,18 +39,21 @@ class FakeEngine:
             yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(ids), logprobs=lps)])
 
 
-def _params(key=None):
-    return SimpleNamespace(extra_args=None if key is None else {POOL_KEY_ARG: key})
+def _params(key=None, version=0, group="g"):
+    tag = None if key is None else {POOL_KEY_ARG: {"key": key, "group": group, "version": version}}
+    return SimpleNamespace(extra_args=tag, max_tokens=64, temperature=1.0)
 
 
 def test_a_tagged_request_streams_every_token_and_log_prob_to_the_pool():
     async def main():
         pool = Pool()
-        pool.open("r1", "g", 3, [1, 2], {})
-        eng = StreamingEngine(FakeEngine(10), lambda: ActorShell(pool), lambda: 3, ChunkPolicy(flush_tokens=4))
-        outs = [o async for o in eng.generate(prompt={}, sampling_params=_params("r1"), request_id="r1")]
+        eng = StreamingEngine(FakeEngine(10), lambda: ActorShell(pool), lambda: 3, ChunkPolicy(flush_tokens=4),
+                              replica=1)
+        outs = [o async for o in eng.generate(prompt={"prompt_token_ids": [1, 2]},
+                                              sampling_params=_params("r1", version=3), request_id="r1")]
         assert len(outs) == 10  # verl sees every output, unchanged
-        t = pool.get("r1")
+        t = pool.get("r1")  # the server opened the entry with the prompt, the pinned version and its replica
+        assert (t.prompt_ids, t.version, t.group_id, t.replica_id) == ([1, 2], 3, "g", 1)
         assert t.tokens == list(range(100, 110))
         assert t.logprobs == pytest.approx([-0.1 * (j + 1) for j in range(10)])
         assert eng.other == "engine attribute" and eng.streamed_requests == 1  # everything else passes through
@@ -64,22 +67,20 @@ def test_untagged_requests_stream_nothing_and_missing_log_probs_are_placeholders
         eng = StreamingEngine(FakeEngine(3), lambda: pytest.fail("no pool lookup for an untagged request"),
                               lambda: 0)
         assert len([o async for o in eng.generate(prompt={}, sampling_params=_params(), request_id="x")]) == 3
-        pool.open("r2", "g", 0, [1], {})
         eng = StreamingEngine(FakeEngine(3, logprobs=False), lambda: ActorShell(pool), lambda: 0)
         [o async for o in eng.generate(prompt={}, sampling_params=_params("r2"), request_id="r2")]
         assert pool.get("r2").tokens == [100, 101, 102] and all(math.isnan(x) for x in pool.get("r2").logprobs)
 
     asyncio.run(main())
-    assert pool_key(_params("k")) == "k" and pool_key(SimpleNamespace()) is None
+    assert pool_tag(_params("k"))["key"] == "k" and pool_tag(SimpleNamespace()) is None
 
 
 def test_a_server_on_another_version_than_the_entry_is_refused_by_the_pool():
     async def main():
         pool = Pool()
-        pool.open("r3", "g", 2, [1], {})
         eng = StreamingEngine(FakeEngine(2), lambda: ActorShell(pool), lambda: 5, ChunkPolicy(flush_tokens=1))
         with pytest.raises(InvariantViolation, match="of version 2 got tokens of version 5"):
-            [o async for o in eng.generate(prompt={}, sampling_params=_params("r3"), request_id="r3")]
+            [o async for o in eng.generate(prompt={}, sampling_params=_params("r3", version=2), request_id="r3")]
 
     asyncio.run(main())
 
@@ -108,7 +109,10 @@ class StreamingMortalServer:
         if self.dead:
             raise ActorDiedError()
         self.prompts.append(list(prompt_ids))
-        key = (sampling_params.get("extra_args") or {}).get(POOL_KEY_ARG)
+        tag = (sampling_params.get("extra_args") or {}).get(POOL_KEY_ARG)
+        key = None if tag is None else tag["key"]
+        if tag is not None:
+            self.pool.open(key, tag["group"], tag["version"], list(prompt_ids), {}, self.rid)
         seq, out = list(prompt_ids), []
         for _ in range(sampling_params["max_tokens"]):
             await asyncio.sleep(0.002)
@@ -167,6 +171,7 @@ def test_a_dead_replicas_request_continues_from_its_streamed_tokens(with_pool):
             # the survivor got prompt + the tokens that reached the pool, and generated only the rest
             assert len(resumed) > 2 + 15 and resumed[:2] == [5, 6]
             assert [(g, n) for g, _, n in events["continued"]] == [("g", len(resumed) - 2)]
+            await asyncio.sleep(0.01)  # the client's close is not awaited
             assert len(pool) == 0  # every piece's entry is closed
         else:
             assert resumed == [5, 6] and events["continued"] == []

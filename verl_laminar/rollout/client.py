@@ -170,10 +170,10 @@ class LaminarLLMServerClient(LLMServerClient):
         recorder = self._recorder() if pin is not None else None
         try:
             if recorder is not None:
-                params = await recorder.open(vid, pin, prompt_ids, params)
+                params = recorder.tag(vid, pin, params)
             output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
             if recorder is not None:
-                await recorder.close(vid)  # the server awaited its last chunk before answering
+                recorder.close(vid)  # the server awaited its last chunk before answering
             return output, vid
         finally:
             _VLLM_RID.reset(token)

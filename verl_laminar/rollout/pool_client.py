@@ -1,10 +1,10 @@
 """The pinned client's side of the partial-response pool under verl (``laminar.pool.enabled``).
 
-Each request piece gets a pool entry, keyed by its vLLM request id, before it is sent; the server streams the
-piece's tokens into it (``rollout.streaming_server``); the client closes it once the piece's output is in hand.
-When the piece's replica dies, ``recover`` reads what reached the pool: the response continues from there on
-the group's new replica of the same version (the client treats it as a migrated piece: prompt + partial
-response, the remaining budget), instead of starting over from the prompt.
+Each request piece carries a pool tag (its key, the vLLM request id; its group and pinned version) to the server, which opens the piece's entry and streams its tokens into it (``rollout.streaming_server``); the client
+closes it once the piece's output is in hand, without waiting. When the piece's replica dies, ``recover`` reads
+what reached the pool: the response continues from there on the group's new replica of the same version (the
+client treats it as a migrated piece: prompt + partial response, the remaining budget), instead of starting over
+from the prompt.
 """
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ logger = logging.getLogger(__name__)
 RECOVERED = "laminar_recovered_tokens"
 
 
-def _loggable(params: dict) -> dict:
-    """The sampling parameters the pool logs (JSON lines): plain values only."""
-    return {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str)) or v is None}
-
-
 def pool_enabled(config: Any) -> bool:
     """``laminar.pool.enabled`` of a verl config that has a ``laminar`` block (False without one)."""
     from omegaconf import OmegaConf
@@ -38,16 +33,15 @@ class PieceRecorder:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    async def open(self, vid: str, pin: Assignment, prompt_ids: list, params: dict) -> dict:
-        """Open the piece's entry; returns the parameters to send, tagged with the entry's key."""
-        await self.pool.open.remote(vid, pin.group_id, pin.version, list(prompt_ids), _loggable(params),
-                                    pin.replica_id)
+    def tag(self, vid: str, pin: Assignment, params: dict) -> dict:
+        """The parameters to send: ``params`` with the pool tag the server opens and streams the entry by."""
         extra = dict(params.get("extra_args") or {})
-        extra[POOL_KEY_ARG] = vid
+        extra[POOL_KEY_ARG] = {"key": vid, "group": pin.group_id, "version": int(pin.version)}
         return {**params, "extra_args": extra}
 
-    async def close(self, vid: str) -> None:
-        await self.pool.close.remote(vid)
+    def close(self, vid: str) -> None:
+        """Not awaited: the server applied every chunk of the piece before it answered."""
+        self.pool.close.remote(vid)
 
     async def recover(self, vid: str, want_log_probs: bool, keep: bool = True) -> Optional[Any]:
         """Close piece ``vid``'s entry (its replica died: the piece is over) and, with ``keep``, return what the
@@ -58,8 +52,8 @@ class PieceRecorder:
 
         entry = (await self.pool.get_many.remote([vid])).get(vid)
         if entry is None:
-            return None  # never opened (the death came first) or already closed
-        await self.close(vid)
+            return None  # never opened (the death came before the server took the request)
+        self.close(vid)
         if not keep or not entry.tokens:
             return None
         return TokenOutput(token_ids=list(entry.tokens), log_probs=list(entry.logprobs) if want_log_probs else None,

@@ -5,12 +5,15 @@ its requests' tokens with it. Under ``+laminar=enabled`` with ``laminar.pool.ena
 subclass instead (``LaminarVLLMReplica.server_class``, chosen through verl's ``LLMServerManager.
 rollout_replica_class`` seam by ``replica_class_for``):
 
-    pinned client (rollout.pool_client)  pool.open(vLLM request id, group, version, prompt)  -> then generate with
-                                         SamplingParams.extra_args[POOL_KEY_ARG] = that id
-    this server's engine wrapper         every output of a tagged request -> its new tokens and log-probs go to
-                                         the pool in chunks (pool.stream.PoolStreamer, laminar.pool.flush_*),
-                                         tagged with the version the server serves; the last chunk is awaited
-                                         before verl's generate sees the end of the stream
+    pinned client (rollout.pool_client)  generate with SamplingParams.extra_args[POOL_KEY_ARG] = the pool tag:
+                                         the entry's key (the vLLM request id), group and pinned version
+    this server's engine wrapper         opens the entry (prompt, the pin's version) as the request arrives, then
+                                         every output's new tokens and log-probs go to the pool in chunks
+                                         (pool.stream.PoolStreamer, laminar.pool.flush_*), tagged with the version
+                                         the server serves (the pool refuses a mismatch); the last chunk is awaited
+                                         before verl's generate sees the end of the stream; the client closes the
+                                         entry without waiting (one caller's calls to the pool run in order, and
+                                         the server's are all applied by then)
     the replica dies                     the client reads the entry and continues the response on the group's
                                          new replica (same version) from its tokens so far
 
@@ -33,10 +36,22 @@ logger = logging.getLogger(__name__)
 POOL_KEY_ARG = "laminar_pool_key"
 
 
-def pool_key(sampling_params: Any) -> Optional[str]:
+def pool_tag(sampling_params: Any) -> Optional[dict]:
+    """The request's pool tag ({key, group, version}), or None: the request streams nothing."""
     extra = getattr(sampling_params, "extra_args", None) or {}
-    key = extra.get(POOL_KEY_ARG)
-    return None if key is None else str(key)
+    tag = extra.get(POOL_KEY_ARG)
+    return None if tag is None else dict(tag)
+
+
+def _prompt_ids(args: tuple, kwargs: dict) -> list:
+    prompt = kwargs.get("prompt", args[0] if args else None)
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(prompt, "prompt_token_ids", None)
+    return [int(t) for t in (ids or [])]
+
+
+def _loggable(params: Any) -> dict:
+    """What the pool logs of the request's sampling parameters (a resume takes its own from the client)."""
+    return {k: getattr(params, k, None) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
 
 
 def _new_log_probs(completion: Any, start: int, tokens: list) -> list:
@@ -55,8 +70,9 @@ class StreamingEngine:
     """
 
     def __init__(self, engine: Any, pool: Callable[[], Any], version: Callable[[], Any],
-                 chunk: Optional[ChunkPolicy] = None) -> None:
+                 chunk: Optional[ChunkPolicy] = None, replica: Optional[int] = None) -> None:
         object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_replica", replica)  # the router's replica id (verl's replica_rank)
         object.__setattr__(self, "_pool", pool)
         object.__setattr__(self, "_version", version)
         object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
@@ -70,16 +86,22 @@ class StreamingEngine:
 
     async def generate(self, *args: Any, **kwargs: Any):
         params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
-        key = pool_key(params)
-        if key is None:
+        tag = pool_tag(params)
+        if tag is None:
             async for out in self._engine.generate(*args, **kwargs):
                 yield out
             return
+        key = str(tag["key"])
         version = self._version()
         if version is None:
             raise RuntimeError(f"request {key}: the server has no weight version yet (global_steps is None); a "
                                "Laminar request is sent only to a replica that loaded its version")
-        streamer = PoolStreamer(self._pool(), key, int(version), 0, self._chunk)
+        pool = self._pool()
+        # not awaited: this server's chunks follow it in order; the entry carries the pin's version, the chunks
+        # the server's, so the pool refuses tokens of a version the group was not pinned to
+        pool.open.remote(key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
+                         self._replica)
+        streamer = PoolStreamer(pool, key, int(version), 0, self._chunk)
         tokens: list = []
         log_probs: list = []
         delta = getattr(getattr(params, "output_kind", None), "name", "") == "DELTA"
@@ -117,7 +139,7 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
                     cache["pool"] = ray.get_actor(name)
                 return cache["pool"]
 
-            self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy)
+            self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy, int(self.replica_rank))
             logger.info("laminar: replica %s streams tagged requests to the partial-response pool %r",
                         self.replica_rank, name)
 
