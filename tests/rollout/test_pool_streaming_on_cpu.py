@@ -13,7 +13,7 @@ from ray.exceptions import ActorDiedError
 
 from laminar_testing import ActorShell, client_config
 from verl_laminar.policy.accounting import InvariantViolation
-from verl_laminar.pool.partial import ChunkPolicy, PartialPool
+from verl_laminar.pool.partial import FINISHED, ChunkPolicy, PartialPool
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.pool_client import RECOVERED
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
@@ -36,7 +36,8 @@ class FakeEngine:
             await asyncio.sleep(0)
             ids.append(100 + i)
             lps = [{t: SimpleNamespace(logprob=-0.1 * (j + 1))} for j, t in enumerate(ids)] if self.logprobs else None
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(ids), logprobs=lps)])
+            reason = "length" if i == self.tokens - 1 else None  # vLLM names why it ended on the last output
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(ids), logprobs=lps, finish_reason=reason)])
 
 
 def _params(key=None, version=0, group="g"):
@@ -54,6 +55,7 @@ def test_a_tagged_request_streams_every_token_and_log_prob_to_the_pool():
         assert len(outs) == 10  # verl sees every output, unchanged
         t = pool.get("r1")  # the server opened the entry with the prompt, the pinned version and its replica
         assert (t.prompt_ids, t.version, t.group_id, t.replica_id) == ([1, 2], 3, "g", 1)
+        assert t.state.get(FINISHED) is True  # the engine ended it: a resume must not extend it
         assert t.tokens == list(range(100, 110))
         assert t.logprobs == pytest.approx([-0.1 * (j + 1) for j in range(10)])
         assert eng.other == "engine attribute" and eng.streamed_requests == 1  # everything else passes through
@@ -96,6 +98,7 @@ class StreamingMortalServer:
     def __init__(self, rid: int, pool: Pool) -> None:
         self.rid, self.pool, self.version, self.dead = rid, pool, -1, False
         self.prompts, self.tokens_made = [], 0
+        self.die_before_answering = False
 
     def die(self) -> None:
         self.dead = True
@@ -124,6 +127,11 @@ class StreamingMortalServer:
             self.tokens_made += 1
             if key is not None:
                 self.pool.append(key, self.version, [t], [-(t % 7) / 10], None, len(out) - 1)
+        if key is not None:
+            self.pool.finish(key)
+        if self.die_before_answering:  # the whole response is in the pool, the answer never leaves
+            self.dead = True
+            raise ActorDiedError()
         return SimpleNamespace(token_ids=out, log_probs=[-(t % 7) / 10 for t in out], stop_reason="completed",
                                extra_fields={"global_steps": self.version})
 
@@ -176,5 +184,33 @@ def test_a_dead_replicas_request_continues_from_its_streamed_tokens(with_pool):
         else:
             assert resumed == [5, 6] and events["continued"] == []
         assert out.extra_fields.get(RECOVERED) is None  # the final output is the assembled response
+
+    asyncio.run(main())
+
+
+def test_a_response_the_engine_ended_is_not_extended_when_its_replica_dies_before_answering():
+    """The last chunk and the engine's end reached the pool, then the replica died: the client returns the pool's
+    tokens as the whole response (a resume would generate past its stop token)."""
+    async def main():
+        pool = Pool()
+        servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
+
+        async def refresher(replica, version):
+            servers[replica.replica_id].version = version
+
+        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
+                               refresher=refresher)
+        router._probe_timeout_s = 1.0
+        await router.start(0)
+        client = LaminarLLMServerClient(client_config(response_length=30), load_balancer_handle=ActorShell(router),
+                                        pool_handle=ActorShell(pool))
+        pin = await router.assign_group("g", 1)
+        await router.assign_group("h", 1)
+        GROUP_PIN.set(pin)
+        servers[pin.replica_id].die_before_answering = True
+        out = await client.generate("g-0", prompt_ids=[5, 6], sampling_params={"logprobs": True, "max_tokens": 30})
+        assert out.token_ids == _expected([5, 6], 30) and out.stop_reason == "completed"
+        assert servers[1 - pin.replica_id].prompts == []  # nothing ran again
+        assert [n for _, _, n in router.drain_events()["continued"]] == [30]
 
     asyncio.run(main())

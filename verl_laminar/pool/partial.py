@@ -25,6 +25,8 @@ from verl_laminar.policy.accounting import InvariantViolation
 
 logger = logging.getLogger(__name__)
 
+FINISHED = "engine_finished"  # state key: the engine ended the trajectory; its tokens are the whole response
+
 
 @dataclass
 class PartialTrajectory:
@@ -118,6 +120,10 @@ class PartialPool:
         """The trajectory continues on another replica (same version; the policy checked that)."""
         self._apply({"op": "reassign", "key": key, "replica_id": int(replica_id)})
 
+    def finish(self, key: str) -> None:
+        """The engine ended the trajectory (a stop token or its budget): a resume must not continue it."""
+        self._apply({"op": "finish", "key": key})
+
     def close(self, key: str) -> None:
         """The trajectory reached the experience buffer; it leaves the pool."""
         self._apply({"op": "close", "key": key})
@@ -184,6 +190,8 @@ class PartialPool:
                 t.early.clear()  # held chunks came from the same bad stream
             elif op == "reassign":
                 t.replica_id = rec["replica_id"]
+            elif op == "finish":
+                t.state = {**t.state, FINISHED: True}
             elif op == "close":
                 del self._entries[key]
                 self._closed.add(key)

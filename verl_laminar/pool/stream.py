@@ -46,10 +46,13 @@ class PoolStreamer:
         if self.policy.due(len(tokens) - self.sent, self._clock() - self.last):
             self._send(tokens, log_probs)
 
-    async def flush(self, tokens: list, log_probs: list) -> None:
-        """Send the rest and wait until the pool applied every chunk of this piece (its refusal raises here)."""
+    async def flush(self, tokens: list, log_probs: list, finished: bool = False) -> None:
+        """Send the rest (then, with ``finished``, mark the entry as a whole response: after its last chunk, so
+        the mark never covers a missing tail) and wait until the pool applied every call (a refusal raises)."""
         if len(tokens) > self.sent:
             self._send(tokens, log_probs)
+        if finished:
+            self._pending.append(self.pool.finish.remote(self.key))
         pending, self._pending = self._pending, []
         for ref in pending:
             await ref

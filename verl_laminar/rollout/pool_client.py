@@ -13,6 +13,7 @@ import logging
 from typing import Any, Optional
 
 from verl_laminar.policy.dispatch import Assignment
+from verl_laminar.pool.partial import FINISHED
 from verl_laminar.rollout.streaming_server import POOL_KEY_ARG
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,10 @@ class PieceRecorder:
         self.close(vid)
         if not keep or not entry.tokens:
             return None
+        # the engine ended it before the replica died (it was answering): the whole response, not to be extended
+        done = bool(entry.state.get(FINISHED))
         return TokenOutput(token_ids=list(entry.tokens), log_probs=list(entry.logprobs) if want_log_probs else None,
-                           stop_reason="aborted",
+                           stop_reason="completed" if done else "aborted",
                            extra_fields={"global_steps": entry.version, "min_global_steps": entry.version,
                                          "max_global_steps": entry.version, RECOVERED: len(entry.tokens)})
 

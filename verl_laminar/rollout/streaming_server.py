@@ -105,7 +105,10 @@ class StreamingEngine:
         tokens: list = []
         log_probs: list = []
         delta = getattr(getattr(params, "output_kind", None), "name", "") == "DELTA"
+        finished = False  # the engine ended the request itself (a stop token, its budget), not an abort
         async for out in self._engine.generate(*args, **kwargs):
+            reason = getattr(out.outputs[0], "finish_reason", None) if out.outputs else None
+            finished = reason is not None and reason != "abort"
             if out.outputs:
                 c = out.outputs[0]
                 new = list(c.token_ids) if delta else list(c.token_ids[len(tokens):])
@@ -114,7 +117,8 @@ class StreamingEngine:
                 tokens.extend(new)
                 streamer.maybe_flush(tokens, log_probs)
             yield out
-        await streamer.flush(tokens, log_probs)
+        # finished: a replica that dies after this leaves a whole response, which the client must not extend
+        await streamer.flush(tokens, log_probs, finished=finished)
         object.__setattr__(self, "streamed_requests", self.streamed_requests + 1)
 
 
