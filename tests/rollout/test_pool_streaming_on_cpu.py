@@ -143,26 +143,34 @@ def _expected(prompt, n):
     return seq[len(prompt):]
 
 
+async def _two_replicas(pool, response_length: int, with_pool: bool = True):
+    """Two streaming replicas on version 0 behind a router, a pinned client, and two groups ("g", "h"), one on
+    each replica, so that either replica's death moves its group to the other."""
+    servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
+
+    async def refresher(replica, version):
+        if servers[replica.replica_id].dead:
+            raise ActorDiedError()
+        servers[replica.replica_id].version = version
+
+    router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
+                           refresher=refresher)
+    router._probe_timeout_s = 1.0
+    await router.start(0)
+    client = LaminarLLMServerClient(client_config(response_length=response_length),
+                                    load_balancer_handle=ActorShell(router),
+                                    pool_handle=ActorShell(pool) if with_pool else None)
+    pin = await router.assign_group("g", 1)
+    other = await router.assign_group("h", 1)
+    GROUP_PIN.set(pin)
+    return servers, router, client, pin, other
+
+
 @pytest.mark.parametrize("with_pool", [True, False], ids=["continued_from_pool", "restarted_without_pool"])
 def test_a_dead_replicas_request_continues_from_its_streamed_tokens(with_pool):
     async def main():
         pool = Pool()
-        servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
-
-        async def refresher(replica, version):
-            if servers[replica.replica_id].dead:
-                raise ActorDiedError()
-            servers[replica.replica_id].version = version
-
-        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                               refresher=refresher)
-        router._probe_timeout_s = 1.0
-        await router.start(0)
-        client = LaminarLLMServerClient(client_config(response_length=60), load_balancer_handle=ActorShell(router),
-                                        pool_handle=ActorShell(pool) if with_pool else None)
-        pin = await router.assign_group("g", 1)
-        other = await router.assign_group("h", 1)  # keeps the other replica at the same version
-        GROUP_PIN.set(pin)
+        servers, router, client, pin, other = await _two_replicas(pool, 60, with_pool)
         victim = servers[pin.replica_id]
         task = asyncio.create_task(client.generate("g-0", prompt_ids=[5, 6], sampling_params={"logprobs": True,
                                                                                            "max_tokens": 60}))
@@ -193,20 +201,7 @@ def test_a_response_the_engine_ended_is_not_extended_when_its_replica_dies_befor
     tokens as the whole response (a resume would generate past its stop token)."""
     async def main():
         pool = Pool()
-        servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
-
-        async def refresher(replica, version):
-            servers[replica.replica_id].version = version
-
-        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                               refresher=refresher)
-        router._probe_timeout_s = 1.0
-        await router.start(0)
-        client = LaminarLLMServerClient(client_config(response_length=30), load_balancer_handle=ActorShell(router),
-                                        pool_handle=ActorShell(pool))
-        pin = await router.assign_group("g", 1)
-        await router.assign_group("h", 1)
-        GROUP_PIN.set(pin)
+        servers, router, client, pin, _ = await _two_replicas(pool, 30)
         servers[pin.replica_id].die_before_answering = True
         out = await client.generate("g-0", prompt_ids=[5, 6], sampling_params={"logprobs": True, "max_tokens": 30})
         assert out.token_ids == _expected([5, 6], 30) and out.stop_reason == "completed"

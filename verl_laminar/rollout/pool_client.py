@@ -1,6 +1,7 @@
 """The pinned client's side of the partial-response pool under verl (``laminar.pool.enabled``).
 
-Each request piece carries a pool tag (its key, the vLLM request id; its group and pinned version) to the server, which opens the piece's entry and streams its tokens into it (``rollout.streaming_server``); the client
+Each request piece carries a pool tag (its key, the vLLM request id; its group and pinned version) to the
+server, which opens the piece's entry and streams its tokens into it (``rollout.streaming_server``); the client
 closes it once the piece's output is in hand, without waiting. When the piece's replica dies, ``recover`` reads
 what reached the pool: the response continues from there on the group's new replica of the same version (the
 client treats it as a migrated piece: prompt + partial response, the remaining budget), instead of starting over
@@ -26,8 +27,9 @@ def pool_enabled(config: Any) -> bool:
     """``laminar.pool.enabled`` of a verl config that has a ``laminar`` block (False without one)."""
     from omegaconf import OmegaConf
 
-    return bool(OmegaConf.select(config, "laminar.pool.enabled", default=False)) \
-        if OmegaConf.is_config(config) else False
+    if not OmegaConf.is_config(config):
+        return False
+    return bool(OmegaConf.select(config, "laminar.pool.enabled", default=False))
 
 
 class PieceRecorder:
