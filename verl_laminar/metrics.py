@@ -80,6 +80,11 @@ FT_POOL_CONTINUED = "laminar/ft/pool_continued"
 FT_POOL_CONTINUED_TOKENS = "laminar/ft/pool_continued_tokens"
 # replicas the hang watch found holding requests with nothing streamed for laminar.heartbeat.dead_after_s, and killed
 FT_HUNG_REPLICAS = "laminar/ft/hung_replicas"
+# replacement replicas (laminar.replace): started and joined the fleet, failed to start, and the seconds the last
+# one took from its predecessor's death being seen to joining (engine start and model load)
+FT_REPLACEMENTS = "laminar/ft/replacements"
+FT_REPLACEMENTS_FAILED = "laminar/ft/replacements_failed"
+FT_REPLACEMENT_START_S = "laminar/ft/replacement_start_s"
 
 _COUNT_NAMES = {
     "in_flight": TRAJECTORIES_IN_FLIGHT,

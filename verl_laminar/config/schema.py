@@ -194,6 +194,20 @@ class HeartbeatConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ReplaceConfig(_Section):
+    PATH: ClassVar[str] = f"{ROOT}.replace"
+    enabled: bool = True
+    max_replacements: int = 8
+    start_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        self._require("max_replacements", self.max_replacements >= 0,
+                      "must be an integer >= 0 (replacement replicas one run may start), e.g. 8")
+        self._require("start_timeout_s", self.start_timeout_s > 0,
+                      "must be > 0 seconds (a replacement's start-up: engine and model load), e.g. 600")
+
+
+@dataclass(frozen=True)
 class FaultInjectionConfig(_Section):
     """Testing only: SIGKILL a rollout replica's processes (replica failover) or the trainer's process (restart
     from verl's checkpoint) mid-run."""
@@ -255,6 +269,7 @@ class LaminarConfig(_Section):
     relay: RelayConfig = field(default_factory=RelayConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    replace: ReplaceConfig = field(default_factory=ReplaceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)

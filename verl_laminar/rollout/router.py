@@ -21,11 +21,7 @@ deadlines that scale with the version's size and the chain's length, and retries
 It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
 ``acquire_server`` without a pin raises, because an unpinned request could run on any version.
 
-A replica dies (its actor fails a request, or a refresh): the pinned client reports it
-(``replica_failed``); the router checks the server is really gone (a probe call), marks it dead (it takes and
-loads nothing more) and moves its open groups to live replicas of the same version
-(``policy.replica_loss``); their requests continue there (from the pool, or the prompt). A group no live one keeps at
-its version is lost: its requests raise ``ReplicaLost``, verl fails the group and refills the batch.
+A replica dies: see ``rollout.router_failover`` (failover, and the replacements that join).
 """
 
 from __future__ import annotations
@@ -88,7 +84,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                  relays: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
                  reader: Optional[Callable[[str], Any]] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1) -> None:
+                 chain_relays: int = 1, replacements: int = 0) -> None:
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
@@ -114,6 +110,8 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": [],
                                          "failures": [], "continued": []}
         self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
+        self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
+        self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
         self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
         self._probe_timeout_s = 10.0
         self._rollout_wait_s = 0.0
@@ -389,12 +387,14 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
 def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
                  max_concurrency: int = 10_000, name: str = ROUTER_NAME,
                  repack: Optional[RepackSettings] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1) -> Any:
+                 chain_relays: int = 1, replacements: int = 0) -> Any:
     """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue.
 
     ``refresh`` (``RefreshSettings.from_laminar``) and ``chain_relays`` (the relay chain's length, master
-    included) set the refresh deadlines; the defaults suit one machine."""
+    included) set the refresh deadlines; the defaults suit one machine. ``replacements``: how many dead replicas
+    the fleet will replace (``laminar.replace``), so that losing every replica waits for one instead of failing."""
     import ray
 
     return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
-        replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays)
+        replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays,
+        replacements=replacements)

@@ -8,18 +8,26 @@ counts, events and waiters). Dataflow:
            replicas of their version (each request continues there from what reached the partial-response
            pool, or from its prompt), the rest are lost -> "moved" / "lost"
     pinned client: continued_from_pool(group, request, tokens) -> counted in the "continued" events
+    replacement loop (fleet.replacement): dead_replicas() -> a new replica starts -> add_replica(handles, relay,
+        replaces): it joins unloaded; its first refresh pulls the newest version from its relay, then it takes
+        groups; a start that failed: replacement_failed(dead)
+A dead replica's groups move to live replicas of their version or are lost (their requests raise ReplicaLost;
+verl fails the group and refills the batch). While a replacement is on its way, the router waits even with no
+replica alive; with none alive and none coming, it stops with an error: nothing can generate.
     router: a refresh fails and the replica does not answer a probe -> _fail(replica); dispatch goes on
-Once no replica is alive the router stops with an error: nothing can generate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from verl_laminar.policy.dispatch import RoutingError
+from verl_laminar.policy.dispatch import RoutingError, add_replica
 from verl_laminar.policy.replica_loss import fail_replica
+
+if TYPE_CHECKING:
+    from verl_laminar.rollout.router import ReplicaHandles
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +91,50 @@ class ReplicaFailover:
         open_ = set(self._state.replica(replica_id).open_groups) - self._complete_groups()
         return sum(1 for g in open_ if self._state.pins[g].version in served)
 
+    def dead_replicas(self) -> list[int]:
+        return sorted(r.replica_id for r in self._state.replicas if not r.alive)
+
+    def add_replica(self, replica: "ReplicaHandles", relay: Any = None, replaces: Optional[int] = None) -> None:
+        """A replacement (of dead replica ``replaces``) joins: it holds no weights yet, so the next plan refreshes it
+        to the newest version (from ``relay``, its node's relay) and only then gives it groups. Its id must be
+        new (``fleet.replacement``)."""
+        from verl_laminar.rollout.router import UNLOADED
+
+        rid = int(replica.replica_id)
+        if rid in self._replicas or replica.address in self._by_address:
+            raise RoutingError(f"replica {rid} at {replica.address} is already in the fleet; a replacement needs a "
+                               "new rank and server")
+        self._state = add_replica(self._state, rid, UNLOADED)
+        self._replicas[rid] = replica
+        self._by_address[replica.address] = rid
+        self._inflight[rid] = 0
+        self._requests[rid] = set()
+        if relay is not None:
+            self._relays[rid] = relay
+        self._awaiting.discard(replaces)
+        logger.warning("replica %d joined the fleet (%s)%s; it loads version %s before it takes groups", rid,
+                       replica.address, f" in place of replica {replaces}" if replaces is not None else "",
+                       self._published)
+        self._pump()
+
+    def replacement_failed(self, dead: int, error: str) -> None:
+        """The replacement of ``dead`` did not start: with no replica alive and none coming, the router stops."""
+        self._awaiting.discard(int(dead))
+        self._stop_if_none_can_generate(f"the replacement of replica {dead} failed: {error}")
+
+    def _stop_if_none_can_generate(self, why: str) -> None:
+        if any(r.alive for r in self._state.replicas):
+            return
+        if self._awaiting:
+            logger.warning("no rollout replica is alive (%s); waiting for the replacements of %s", why,
+                           sorted(self._awaiting))
+            return
+        self._error = RuntimeError(f"every rollout replica is dead and none is being replaced ({why})")
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(self._error)
+        self._waiters.clear()
+
     def _fail(self, replica_id: int, error: str) -> None:
         """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
         if not self._state.replica(replica_id).alive:
@@ -103,10 +155,8 @@ class ReplicaFailover:
         logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s, "
                      "%d already fully generated %s", replica_id, error, len(loss.moved), dict(loss.moved),
                      len(loss.lost), list(loss.lost), len(loss.complete), list(loss.complete))
-        if not any(r.alive for r in self._state.replicas):
-            self._error = RuntimeError(f"every rollout replica is dead (the last: {replica_id}, {error})")
-            for fut in self._waiters.values():
-                if not fut.done():
-                    fut.set_exception(self._error)
-            self._waiters.clear()
+        if self._replacements_left > 0:  # laminar.replace: a new replica will take this one's place
+            self._replacements_left -= 1
+            self._awaiting.add(replica_id)
+        self._stop_if_none_can_generate(f"the last: {replica_id}, {error}")
         self._pump()

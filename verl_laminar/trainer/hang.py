@@ -31,8 +31,10 @@ class HangWatch:
     passes the calls."""
 
     def __init__(self, policy: HeartbeatPolicy, busy: Callable[[], list], silence: Callable[[], dict],
-                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic) -> None:
+                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic,
+                 track: Optional[Callable[[Any], None]] = None) -> None:
         self.policy, self._busy, self._silence, self._kill, self._clock = policy, busy, silence, kill, clock
+        self._track = track
         self._busy_since: dict[int, float] = {}
         self.hung: list[int] = []  # replicas this watch killed, in order
         self._stop = threading.Event()
@@ -55,6 +57,11 @@ class HangWatch:
             self._busy_since.pop(rid, None)
             self._kill(rid)
         return found
+
+    def track(self, replica: Any) -> None:
+        """Watch a replica that joined after the start (a replacement): ``kill`` must be able to end it."""
+        if self._track is not None:
+            self._track(replica)
 
     def _run(self) -> None:
         while not self._stop.wait(self.policy.interval_s):
@@ -83,10 +90,17 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, replicas: list) -> Op
 
     from verl_laminar.trainer import runtime
 
-    by_id = {r.replica_id: r for r in replicas}
-    # a hung server cannot answer the calls that find its PIDs, so the roots are found now; their children
-    # (vLLM's engine core, started later too) when it is killed
-    roots = {r.replica_id: runtime.local_roots(r) for r in replicas}
+    by_id: dict[int, Any] = {}
+    roots: dict[int, list[int]] = {}
+
+    def track(replica: Any) -> None:
+        # a hung server cannot answer the calls that find its PIDs, so the roots are found now; their children
+        # (vLLM's engine core, started later too) when it is killed
+        by_id[replica.replica_id] = replica
+        roots[replica.replica_id] = runtime.local_roots(replica)
+
+    for r in replicas:
+        track(r)
 
     def kill(rid: int) -> None:
         replica = by_id[rid]
@@ -100,7 +114,7 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, replicas: list) -> Op
 
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
     watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda: ray.get(pool.silence.remote()),
-                      kill)
+                      kill, track=track)
     logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s is killed)",
                 policy.dead_after_s)
     return watch.start()

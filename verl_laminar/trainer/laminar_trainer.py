@@ -54,6 +54,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._timeline: tl.TimelineWriter | None = None
         self.pool = None  # the partial-response pool actor (laminar.pool.enabled)
         self._hang_watch = None  # trainer.hang.HangWatch: kills a replica that holds requests and streams nothing
+        self._replacer = None  # fleet.replacement.ReplacementLoop: a new replica for each dead one
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
         self._ft = {"failures": 0, "moved": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
         super().__init__(config)
@@ -99,10 +100,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         repack = runtime.repack_settings(self.laminar)
         self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
                                    repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
-                                   chain_relays=len(ray.get(self.relay_group.plan.remote()).relays))
+                                   chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
+                                   replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
+                                   else 0)
         from verl_laminar.trainer.hang import start_hang_watch
 
         self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, replicas)
+        from verl_laminar.trainer.replace import start_replacement
+
+        self._replacer = start_replacement(self.laminar, list(self.standalone_server_manager.get_replicas()),
+                                           self.router, self.relay_group, self._on_replica_join)
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
@@ -111,6 +118,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     repack or "off")
         logger.info("laminar: replica failover on (a dead replica's groups move to a live replica of their version); "
                     "its requests continue from %s", "the partial-response pool" if streaming else "the prompt")
+
+    def _on_replica_join(self, replica) -> None:
+        """A replacement is about to take work (called from the replacement thread)."""
+        from verl_laminar.platform.cpu import cpu_platform_requested
+
+        self._replicas.append(replica)
+        if self._hang_watch is not None:
+            self._hang_watch.track(replica)
+        if self.laminar.cpu_priority and cpu_platform_requested():
+            runtime.apply_cpu_priority([], [replica.server])
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
@@ -289,6 +306,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
                     lm.FT_POOL_CONTINUED_TOKENS: float(self._ft["continued_tokens"]),
                     lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
+                    **self._replacement_metrics(),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
@@ -302,11 +320,21 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if global_steps >= self.total_training_steps:
             self._laminar_shutdown()  # verl's fit returns after the last step without on_train_end
 
+    def _replacement_metrics(self) -> dict:
+        records = self._replacer.snapshot() if self._replacer is not None else []
+        joined = [r for r in records if r.joined_s is not None]
+        return {lm.FT_REPLACEMENTS: float(len(joined)),
+                lm.FT_REPLACEMENTS_FAILED: float(sum(1 for r in records if r.error is not None)),
+                lm.FT_REPLACEMENT_START_S: float(joined[-1].launch_s) if joined else 0.0}
+
     def on_train_end(self) -> None:
         super().on_train_end()
         self._laminar_shutdown()
 
     def _laminar_shutdown(self) -> None:
+        if self._replacer is not None:  # no replica joins a fleet that is closing
+            self._replacer.stop()
+            self._replacer = None
         if self._hang_watch is not None:  # first: replicas stop streaming as the run ends, which is no hang
             self._hang_watch.stop()
             self._hang_watch = None
