@@ -3,8 +3,9 @@ server, its workers and vLLM's engine core, after step 1 publishes, once it has 
 (SIGSTOP of the same processes), which the hang watch must find from its silent token stream and kill.
 
 Replica failover under verl's trainer: the dead replica's open groups move to the live replica when it serves
-their version (their requests run again there from the prompt) or are failed and refilled by verl; the run
-trains every step on the live replica, every trained trajectory from one version, nothing twice."""
+their version (their requests continue there from the partial-response pool) or are failed and refilled by verl;
+a replacement replica (a new rank) starts where the dead one was, loads the newest version from its relay and
+generates trajectories that are trained; every trained trajectory from one version, nothing twice."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ import pytest
 
 from laminar_testing import run_cpu_laminar
 from verl_laminar.report.runlog import RunRecord
+from verl_laminar.timeline import Load, Publish, Trajectory, read_timeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # two runs of ~3 min and ~10 GB each on a 2-core host
 
-STEPS = 3
+# the replacement starts (an engine and the model, on 2 cores busy with the run) while the run goes on: steps
+# after the kill leave it time to join and generate trajectories that later steps train
+STEPS = 7
 KILLED = 1
+REPLACEMENT = 2  # the next rank: the run's replicas are 0 and 1
 
 
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
@@ -34,11 +39,12 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
                               "laminar.pool.flush_interval_s=0.2", "laminar.heartbeat.dead_after_s=10", steps=STEPS)
     (out / "log.txt").write_text(log)
     assert rc == 0, log[-6000:]
-    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+    timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
+    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), timeline
 
 
 def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
-    fault, log, run = failover_run
+    fault, log, run, _ = failover_run
     signal = "SIGKILL" if fault == "kill" else "SIGSTOP"
     done = "killed" if fault == "kill" else "stopped"
     hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of PIDs \[([\d, ]+)\]\)", log)
@@ -51,7 +57,8 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     assert last["laminar/ft/replica_failures"] == 1
     # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
     assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
-    assert last["laminar/ft/live_replicas"] == 1
+    assert last["laminar/ft/live_replicas"] == 2  # the replacement took the dead one's place
+    assert last["laminar/ft/replacements"] == 1 and last["laminar/ft/replacements_failed"] == 0, last
     assert last["laminar/ft/hung_replicas"] == (1 if fault == "hang" else 0)
     if last["laminar/ft/groups_moved"] >= 1:
         # the moved groups' requests in flight continued from what they had streamed to the partial-response pool
@@ -72,7 +79,7 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
 
 
 def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
-    _, log, _ = failover_run
+    _, log, _, _ = failover_run
     loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
     # killed after step 1 published version 1 and before step 2 could publish (the trainer waits for the
     # kill): it may have loaded version 1 first, never a later one; the live one goes on
@@ -83,3 +90,21 @@ def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on
     assert max(v for r, v in loads if r == 1 - KILLED) >= 1, loads
     failures = re.findall(r"laminar: replica (\d+) died \(", log)
     assert [int(f) for f in failures] == [KILLED], failures
+
+
+def test_a_replacement_joins_loads_the_newest_version_and_its_trajectories_are_trained(failover_run):
+    _, log, run, timeline = failover_run
+    assert re.findall(r"laminar: replacing dead replica (\d+) with a new replica (\d+)", log) == [
+        (str(KILLED), str(REPLACEMENT))]
+    assert re.search(rf"replica {REPLACEMENT} joined the fleet .* in place of replica {KILLED}", log), log[-3000:]
+    loads = [r for r in timeline if isinstance(r, Load) and r.replica == REPLACEMENT]
+    # its first load is a trained version pulled from the relay (never the start-up weights: it joins unloaded)
+    assert loads and loads[0].from_version == -1 and loads[0].version >= 1, loads
+    # the newest version the router knew when the load began (the publication's record lands a moment before the
+    # router hears of it, hence one version of slack)
+    published = max(r.version for r in timeline if isinstance(r, Publish) and r.t <= loads[0].start)
+    assert loads[0].version >= published - 1, (loads[0], published)
+    served = [r for r in timeline if isinstance(r, Trajectory) and r.replica == REPLACEMENT]
+    assert served, "the replacement generated no trajectory that a step drained"
+    assert all(r.version >= loads[0].version for r in served)
+    assert run.steps[STEPS]["laminar/ft/replacement_start_s"] > 0

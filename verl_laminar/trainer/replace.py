@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any, Callable, Optional
 
 from verl_laminar.fleet.replacement import ReplacementLoop
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
+RELEASE_WAIT_S = 30.0  # the most a release waits for Ray to take back a placement group
 
 
 def release_replica(replica: Any) -> None:
@@ -37,20 +39,36 @@ def release_replica(replica: Any) -> None:
             ray.util.remove_placement_group(pg)
         except Exception as e:  # noqa: BLE001 - removed already
             logger.debug("laminar: release of replica %s: placement group: %r", replica.replica_rank, e)
+            continue
+        # removal is asynchronous; the new replica's placement needs the devices back
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while time.monotonic() < deadline:
+            if (ray.util.placement_group_table(pg) or {}).get("state") == "REMOVED":
+                break
+            time.sleep(0.1)
 
 
 def launch_replica(template: Any, rank: int, timeout_s: float) -> Any:
     """A new replica like ``template`` (one of verl's), started standalone with ``rank``; raises after
     ``timeout_s``."""
     cls = type(template)
-    replica = cls(replica_rank=int(rank), config=template.config, model_config=template.model_config,
-                  gpus_per_node=template.gpus_per_node)
-    try:
-        asyncio.run(asyncio.wait_for(replica.init_standalone(), timeout_s))
-    except BaseException:
-        release_replica(replica)  # what started of it: no half-built replica holds devices
-        raise
-    return replica
+    deadline = time.monotonic() + timeout_s
+    while True:
+        replica = cls(replica_rank=int(rank), config=template.config, model_config=template.model_config,
+                      gpus_per_node=template.gpus_per_node)
+        try:
+            asyncio.run(asyncio.wait_for(replica.init_standalone(), max(1.0, deadline - time.monotonic())))
+            return replica
+        except ValueError as e:
+            # verl checks the cluster's free devices before it places anything: the released placement group's
+            # devices may not be counted free yet
+            if "available GPUs" not in str(e) or time.monotonic() + 1.0 > deadline:
+                raise
+            logger.info("laminar: replacement %d waits for devices: %s", rank, e)
+            time.sleep(1.0)
+        except BaseException:
+            release_replica(replica)  # what started of it: no half-built replica holds devices
+            raise
 
 
 def start_replacement(laminar: Any, verl_replicas: list, router: Any, relay_group: Any,
