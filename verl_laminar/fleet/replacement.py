@@ -98,8 +98,11 @@ class ReplacementLoop:
                 self._ids.add(rec.new)
                 logger.warning("laminar: replacing dead replica %d with a new replica %d", rid, rec.new)
                 handles = self._launch(rec.new)
-                if self._stop.is_set():
-                    raise RuntimeError("the run ended while the replacement started")
+                if self._stop.is_set():  # not an error of the replacement: nothing is left to join
+                    rec.error = "the run ended while the replacement started"
+                    logger.warning("laminar: replica %d started after the run ended; it is not joined", rec.new)
+                    done.append(rec)
+                    break
                 self._join(handles, rid)
                 rec.joined_s = self._clock()
                 logger.warning("laminar: replica %d replaces replica %d: started in %.1f s; it loads the newest "
