@@ -4,6 +4,7 @@ two groups running concurrently never see each other's pin, and a wrong version 
 from __future__ import annotations
 
 import asyncio
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 from laminar_testing import client_config, ActorShell
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
+from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
 
@@ -215,8 +217,42 @@ def test_garbage_token_ids_fail_the_request_by_name(tmp_path):
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path, vocab=8), load_balancer_handle=ActorShell(router))
         GROUP_PIN.set(await router.assign_group("g", 1))
-        with pytest.raises(GarbageOutputError, match=r"req-7.*token_ids\[1\]=9"):
+        # the replica is fenced; with no other replica of the version the group is lost, the garbage named as cause
+        with pytest.raises(ReplicaLost, match="fenced for garbage output") as err:
             await client.generate("req-7", prompt_ids=[1], sampling_params={})
+        assert isinstance(err.value.__cause__, GarbageOutputError)
+        assert re.search(r"req-7.*token_ids\[1\]=9", str(err.value.__cause__))
+        assert router.dead_replicas() == [0]
+
+    asyncio.run(main())
+
+
+def test_a_replica_answering_garbage_is_fenced_and_the_request_reruns_on_a_live_replica(tmp_path):
+    class GarbageServer(FakeServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            self.calls.append(prompt_ids[0])
+            return SimpleNamespace(token_ids=[3, 9], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 0})
+
+    async def main():
+        bad, good = GarbageServer(0, 0), FakeServer(1, 0)
+
+        async def refresher(replica, version):
+            pass
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(bad)), ReplicaHandles(1, "a1", ActorShell(good))],
+                               1, refresher=refresher)
+        await router.start(0)
+        client = LaminarLLMServerClient(_config(tmp_path, vocab=8), load_balancer_handle=ActorShell(router))
+        pin = await router.assign_group("g", 1)
+        assert pin.replica_id == 0  # the first replica takes the first group
+        GROUP_PIN.set(pin)
+        out = await client.generate("req-8", prompt_ids=[1], sampling_params={})
+        assert all(0 <= t < 8 for t in out.token_ids) and out.token_ids  # the live replica's answer
+        assert len(bad.calls) == 1 and len(good.calls) == 1  # fenced after its first garbage answer: asked nothing again
+        assert router.dead_replicas() == [0]
+        failures = router.drain_events()["failures"]
+        assert [f["replica_id"] for f in failures] == [0] and "fenced: " in failures[0]["error"]
+        assert [g for g, _ in failures[0]["moved"]] == ["g"]
 
     asyncio.run(main())
 
@@ -236,8 +272,10 @@ def test_more_tokens_than_max_tokens_fail_the_request(tmp_path):
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
         GROUP_PIN.set(await router.assign_group("g", 1))
-        with pytest.raises(GarbageOutputError, match=r"req-3.*4 tokens returned for a request of max_tokens=3"):
+        with pytest.raises(ReplicaLost) as err:
             await client.generate("req-3", prompt_ids=[1], sampling_params={"max_tokens": 3})
+        assert isinstance(err.value.__cause__, GarbageOutputError)
+        assert re.search(r"req-3.*4 tokens returned for a request of max_tokens=3", str(err.value.__cause__))
 
     asyncio.run(main())
 
@@ -252,3 +290,25 @@ def test_an_unreadable_model_config_is_an_error_not_a_skipped_check(tmp_path):
         read_vocab_size("/nonexistent/model")
     (tmp_path / "config.json").write_text('{"vocab_size": 64}')
     assert read_vocab_size(str(tmp_path)) == 64
+
+
+def test_requests_of_a_fenced_replica_that_then_fail_start_over_instead_of_continuing_from_the_pool():
+    async def main():
+        async def refresher(replica, version):
+            pass
+
+        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(FakeServer(i, 0))) for i in range(2)], 2,
+                               refresher=refresher)
+        await router.start(0)
+        for g in ("ga", "gb", "gc", "gd"):
+            await router.assign_group(g, 1)
+        on_0 = [g for g, a in router._state.pins.items() if a.replica_id == 0]
+        assert len(on_0) >= 2, router._state.pins  # two groups share replica 0 (two groups per batch)
+        # one of its answers is garbage: fenced, that group moves
+        assert await router.replica_misbehaved(on_0[0], 0, "garbage", "a0") == "moved"
+        # a request of its other group then fails with an actor error (the trainer ended the fenced replica): it
+        # moves too, but what the replica streamed is not to be continued from
+        assert await router.replica_failed(on_0[1], 0, "ActorDiedError()", "a0") == "moved_fresh"
+        assert router.dead_replicas() == [0]
+
+    asyncio.run(main())

@@ -1,6 +1,7 @@
 """`python -m verl.trainer.main_ppo ... +laminar=enabled` with a rollout replica killed mid-run (SIGKILL of its
 server, its workers and vLLM's engine core, after step 1 publishes, once it has requests in flight), or hung
-(SIGSTOP of the same processes), which the hang watch must find from its silent token stream and kill.
+(SIGSTOP of the same processes), which the hang watch must find from its silent token stream and kill, or made to
+answer token ids outside the vocabulary, which the clients' output check must fence.
 
 Replica failover under verl's trainer: the dead replica's open groups move to the live replica when it serves
 their version (their requests continue there from the partial-response pool) or are failed and refilled by verl;
@@ -22,14 +23,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # two runs of ~3 min 
 # A replacement starts (Ray actors, verl, vLLM and the model, ~75 s on 2 cores busy with the run) while the run
 # goes on; in the kill run, steps after the kill give it time to join and generate trajectories that later steps
 # train. The hang run stops after 3 steps: its replacement starts, and need not join before the end.
-STEPS = {"kill": 14, "hang": 3}
+STEPS = {"kill": 14, "hang": 3, "garbage": 3}
 KILLED = 1
 REPLACEMENT = 2  # the next rank: the run's replicas are 0 and 1
 
 
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
-# DEAD_AFTER_S of the stop, or the run's requests wait forever), and then kills it the same way
-@pytest.fixture(scope="module", params=["kill", "hang"])
+# DEAD_AFTER_S of the stop, or the run's requests wait forever), and then kills it the same way; "garbage": it
+# answers ids outside the vocabulary, and the clients' output check must fence it
+@pytest.fixture(scope="module", params=["kill", "hang", "garbage"])
 def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
     out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
@@ -46,10 +48,15 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
 
 def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     fault, log, run, _ = failover_run
-    signal = "SIGKILL" if fault == "kill" else "SIGSTOP"
-    done = "killed" if fault == "kill" else "stopped"
-    hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of PIDs \[([\d, ]+)\]\)", log)
-    assert [int(r) for r, _ in hit] == [KILLED], hit
+    if fault == "garbage":
+        hit = re.findall(r"fault_injection: replica (\d+) now answers garbage token ids", log)
+        assert [int(r) for r in hit] == [KILLED], hit
+        assert re.search(rf"replica {KILLED} died \(fenced: request \S+: the replica returned garbage", log), log[-4000:]
+    else:
+        signal = "SIGKILL" if fault == "kill" else "SIGSTOP"
+        done = "killed" if fault == "kill" else "stopped"
+        hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of PIDs \[([\d, ]+)\]\)", log)
+        assert [int(r) for r, _ in hit] == [KILLED], hit
     hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of PIDs", log)
     assert [int(r) for r in hung] == ([KILLED] if fault == "hang" else []), hung
     steps = STEPS[fault]
@@ -59,14 +66,17 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     assert last["laminar/ft/replica_failures"] == 1
     # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
     assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
-    # the kill run's replacement took the dead one's place (the test below); the hang run ends before it can
+    # the kill run's replacement took the dead one's place (the test below); the shorter runs end before it can
     assert last["laminar/ft/live_replicas"] == (2 if fault == "kill" else 1), last
     assert last["laminar/ft/replacements"] == (1 if fault == "kill" else 0), last
     assert last["laminar/ft/replacements_failed"] == 0, last
     assert re.findall(r"laminar: replacing dead replica (\d+) with a new replica (\d+)", log) == [
         (str(KILLED), str(REPLACEMENT))]
     assert last["laminar/ft/hung_replicas"] == (1 if fault == "hang" else 0)
-    if last["laminar/ft/groups_moved"] >= 1:
+    if fault == "garbage":
+        # nothing a fenced replica streamed is continued from: its moved requests start over from their prompts
+        assert last["laminar/ft/pool_continued"] == 0, last
+    elif last["laminar/ft/groups_moved"] >= 1:
         # the moved groups' requests in flight continued from what they had streamed to the partial-response pool
         # (the kill waits for two requests there with a whole chunk of 8 tokens in the pool)
         assert last["laminar/ft/pool_continued"] >= 1, last

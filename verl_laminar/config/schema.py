@@ -215,7 +215,8 @@ class FaultInjectionConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.fault_injection"
     kill_replica: Optional[int] = None
     kill_after_step: int = 1
-    # "kill": SIGKILL (its requests fail at once); "hang": SIGSTOP (only the hang watch can find it)
+    # "kill": SIGKILL (its requests fail at once); "hang": SIGSTOP (only the hang watch can find it); "garbage":
+    # it answers out-of-vocabulary ids (the clients' check fences it)
     replica_fault: str = "kill"
     kill_trainer_after_step: Optional[int] = None
 
@@ -228,8 +229,10 @@ class FaultInjectionConfig(_Section):
                       "must be null (no fault) or the rank of a rollout replica (>= 0)")
         self._require("kill_after_step", self.kill_after_step >= 1,
                       "must be a training step >= 1 (the replica dies right after that step publishes)")
-        self._require("replica_fault", self.replica_fault in ("kill", "hang"),
-                      "must be 'kill' (SIGKILL: the replica dies) or 'hang' (SIGSTOP: it stops answering)")
+        self._require("replica_fault", self.replica_fault in ("kill", "hang", "garbage"),
+                      "must be 'kill' (SIGKILL: the replica dies), 'hang' (SIGSTOP: it stops answering) or "
+                      "'garbage' (it answers token ids outside the vocabulary; needs laminar.pool.enabled, whose "
+                      "server can be corrupted)")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ router (``replica_failed``), which fails the replica over; if the group moved to
 version, the request continues there: with the partial-response pool (``laminar.pool.enabled``; the server
 streams each request's tokens to it, ``rollout.streaming_server``) from the tokens that reached the pool, as a
 migrated piece is resumed; without it, or when nothing reached the pool, again from its prompt. With no live
-replica of its version the request raises ``ReplicaLost``.
+replica of its version the request raises ``ReplicaLost``. A replica that answers garbage (ids outside the
+vocabulary, unpaired log-probs, more tokens than asked) is fenced the same way (``replica_misbehaved``): marked
+dead, its groups moved, and the request runs again from its prompt on the group's new replica.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.policy.migration import Piece, Trajectory, resumable
 from verl_laminar.policy.replica_loss import ReplicaLost
-from verl_laminar.rollout.badinput import check_output_tokens
+from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens
 from verl_laminar.rollout.pool_client import PieceRecorder, pool_enabled, recovered_tokens
 
 logger = logging.getLogger(__name__)
@@ -149,6 +151,16 @@ class LaminarLLMServerClient(LLMServerClient):
         check_output_tokens(output.token_ids, getattr(output, "log_probs", None), self._vocab_size(),
                             str(request_id), max_tokens=max_tokens)
 
+    def _usable(self, kept: Any, request_id: str, prompt_ids: list, params: dict) -> bool:
+        """Tokens a dead replica streamed pass the same output check as an answer, or the request starts over."""
+        try:
+            self._check_output(kept, request_id, self._token_budget(prompt_ids, params))
+            return True
+        except GarbageOutputError as e:
+            logger.error("request %s: what its dead replica streamed to the pool is garbage; it runs again from its "
+                         "prompt: %s", request_id, e)
+            return False
+
     def _token_budget(self, prompt_ids: list, sampling_params: dict) -> int:
         """max_tokens as verl's server would resolve it, so a resumed piece gets exactly the rest."""
         for k in ("max_tokens", "max_new_tokens"):
@@ -188,7 +200,21 @@ class LaminarLLMServerClient(LLMServerClient):
             vid = self._new_vid(request_id, piece, attempt)
             token = _SERVER.set(None)
             try:
-                return await self._one_piece(request_id, prompt_ids, params, vid, pin, **kwargs)
+                output, done_vid = await self._one_piece(request_id, prompt_ids, params, vid, pin, **kwargs)
+                self._check_output(output, request_id, self._token_budget(prompt_ids, params))
+                return output, done_vid
+            except GarbageOutputError as e:
+                # a replica that answers impossible tokens is not trusted again: the router fences it (dead, its
+                # groups moved) and the request runs again from this piece's prompt on the group's new replica;
+                # its pool entry holds the same garbage and is never continued from
+                outcome = await self._load_balancer.replica_misbehaved.remote(pin.group_id, pin.version, str(e),
+                                                                              _SERVER.get())
+                if outcome == "lost":
+                    raise ReplicaLost(f"request {request_id} of group {pin.group_id!r}: its replica was fenced for "
+                                      f"garbage output and no live replica serves version {pin.version}") from e
+                logger.warning("request %s of group %r: its replica answered garbage and was fenced; running it "
+                               "again on the group's new replica (version %d): %s", request_id, pin.group_id,
+                               pin.version, e)
             except RayActorError as e:
                 server_id = _SERVER.get()
                 if server_id is None:
@@ -198,6 +224,7 @@ class LaminarLLMServerClient(LLMServerClient):
                 recorder = self._recorder()
                 kept = None
                 if recorder is not None:  # the piece is over either way: read (if it goes on) and close its entry
+                    # "moved_fresh": the replica was fenced for garbage output; nothing it streamed is trusted
                     kept = await recorder.recover(vid, bool(params.get("logprobs")),
                                                   keep=outcome == "moved" and resumable(params))
                 if outcome == "alive":
@@ -205,6 +232,8 @@ class LaminarLLMServerClient(LLMServerClient):
                 if outcome == "lost":
                     raise ReplicaLost(f"request {request_id} of group {pin.group_id!r}: its replica died and no "
                                       f"live replica serves version {pin.version}") from e
+                if kept is not None and not self._usable(kept, request_id, prompt_ids, params):
+                    kept = None
                 if kept is not None:
                     await self._load_balancer.continued_from_pool.remote(pin.group_id, vid, recovered_tokens(kept))
                     logger.warning("request %s of group %r: its replica died after %d tokens; the response continues "
@@ -233,7 +262,6 @@ class LaminarLLMServerClient(LLMServerClient):
             logger.debug("request %s: restarted from its prompt (migrated by repack under a constraint)", request_id)
             output, vid = await self._piece(pin, request_id, prompt_ids, params, piece=restarts, **kwargs)
             check_label(pin, output, f"request {request_id}")
-            self._check_output(output, request_id, self._token_budget(prompt_ids, params))
             migrated = await self._continues(output, vid)
         output.extra_fields["laminar_migrations"] = restarts
         return output
@@ -245,7 +273,6 @@ class LaminarLLMServerClient(LLMServerClient):
                                           **kwargs)
         output, vid = await self._piece(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
-        self._check_output(output, request_id, self._token_budget(list(prompt_ids), sampling_params))
         if not await self._continues(output, vid):
             return output  # the common case: one piece, verl's output untouched
         if not resumable(sampling_params):
@@ -265,7 +292,6 @@ class LaminarLLMServerClient(LLMServerClient):
             logger.debug("request %s: resumed after %d tokens (migrated by repack)", request_id, traj.generated)
             output, vid = await self._piece(pin, request_id, ids, params, piece=len(traj.pieces), **kwargs)
             check_label(pin, output, f"request {request_id}")
-            self._check_output(output, request_id, self._token_budget(ids, params))
             migrated = await self._continues(output, vid)
         output.token_ids = traj.token_ids()
         output.log_probs = traj.log_probs()

@@ -112,6 +112,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
         self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
         self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
+        self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
         self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
         self._probe_timeout_s = 10.0
         self._rollout_wait_s = 0.0
@@ -302,7 +303,6 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
 
     async def _read(self, replica: ReplicaHandles) -> Any:
         from verl_laminar.rollout import vllm_metrics
-
         return await asyncio.to_thread(self._reader or vllm_metrics.read, replica.address)
 
     async def _repack_round(self) -> None:

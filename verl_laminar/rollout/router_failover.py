@@ -15,6 +15,8 @@ A dead replica's groups move to live replicas of their version or are lost (thei
 verl fails the group and refills the batch). While a replacement is on its way, the router waits even with no
 replica alive; with none alive and none coming, it stops with an error: nothing can generate.
     router: a refresh fails and the replica does not answer a probe -> _fail(replica); dispatch goes on
+    pinned client: an output is garbage -> replica_misbehaved(group, version, reason, server) -> the replica is
+        fenced: _fail(replica) at once (no probe: it answers, wrongly) -> "moved" / "lost"
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class ReplicaFailover:
     async def replica_failed(self, group_id: str, version: int, error: str, server_id: Optional[str] = None) -> str:
         """A request of ``group_id`` sent to ``server_id`` (default: the group's replica) failed with an actor
         error. Returns "alive" (that replica answers a probe, so the error was not its death: the caller
-        raises it), "moved" (retry: the group is on a live replica of its version) or "lost" (none serves it).
+        raises it), "moved" (retry: the group is on a live replica of its version), "moved_fresh" (the same, but the
+        replica had been fenced for garbage output: the request starts over from its prompt) or "lost".
         The failed server is named by the caller because repack may have moved the group off it meanwhile."""
         if group_id in self._lost:
             return "lost"
@@ -53,7 +56,25 @@ class ReplicaFailover:
             self._fail(failed, error)
         if group_id in self._lost:
             return "lost"
-        return "moved" if self._state.replica(self._state.pins[group_id].replica_id).alive else "lost"
+        if not self._state.replica(self._state.pins[group_id].replica_id).alive:
+            return "lost"
+        # a fenced replica's streamed tokens are not trusted: the request restarts from its prompt
+        return "moved_fresh" if failed in self._fenced else "moved"
+
+    async def replica_misbehaved(self, group_id: str, version: int, reason: str, server_id: str) -> str:
+        """A request of ``group_id`` on ``server_id`` came back as garbage: that replica is fenced (marked dead
+        like a lost one; the trainer ends its processes before a replacement takes its place) and the group moved.
+        Returns "moved" (retry on the group's replica) or "lost"."""
+        if group_id in self._lost:
+            return "lost"
+        if group_id not in self._state.pins:
+            raise RoutingError(f"replica_misbehaved for group {group_id!r}, which is not assigned")
+        self._fenced.add(self._by_address[server_id])
+        self._fail(self._by_address[server_id], f"fenced: {reason}")
+        if group_id in self._lost:
+            return "lost"
+        a = self._state.pins[group_id]
+        return "moved" if a.version == version and self._state.replica(a.replica_id).alive else "lost"
 
     def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
         """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # SamplingParams.extra_args key naming the pool entry a request streams to (vLLM passes extra_args through)
 POOL_KEY_ARG = "laminar_pool_key"
+# a corrupted replica (fault injection) answers ids this far above the real ones: outside any vocabulary
+GARBAGE_ID_OFFSET = 1 << 30
 
 
 def pool_tag(sampling_params: Any) -> Optional[dict]:
@@ -77,6 +79,8 @@ class StreamingEngine:
         object.__setattr__(self, "_version", version)
         object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
         object.__setattr__(self, "streamed_requests", 0)
+        # fault injection only (laminar.fault_injection.replica_fault=garbage): every answer's ids made impossible
+        object.__setattr__(self, "corrupt", False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -84,7 +88,18 @@ class StreamingEngine:
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._engine, name, value)
 
+    def start_corrupting(self) -> None:
+        """Fault injection only: from now on every answer carries token ids outside any vocabulary."""
+        object.__setattr__(self, "corrupt", True)
+
     async def generate(self, *args: Any, **kwargs: Any):
+        async for out in self._generate(*args, **kwargs):
+            if self.corrupt:
+                for c in out.outputs:
+                    c.token_ids = [GARBAGE_ID_OFFSET + int(t) for t in c.token_ids]
+            yield out
+
+    async def _generate(self, *args: Any, **kwargs: Any):
         params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
         tag = pool_tag(params)
         if tag is None:
@@ -146,6 +161,12 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
             self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy, int(self.replica_rank))
             logger.info("laminar: replica %s streams tagged requests to the partial-response pool %r",
                         self.replica_rank, name)
+
+        async def laminar_corrupt(self) -> None:
+            """Fault injection (``laminar.fault_injection.replica_fault=garbage``): from now on every answer
+            carries token ids outside the vocabulary, as a replica with corrupted weights or a broken kernel might."""
+            self.engine.start_corrupting()
+            logger.warning("laminar.fault_injection: replica %s now answers garbage token ids", self.replica_rank)
 
     return LaminarVLLMHttpServer
 

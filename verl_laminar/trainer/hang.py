@@ -31,10 +31,8 @@ class HangWatch:
     passes the calls."""
 
     def __init__(self, policy: HeartbeatPolicy, busy: Callable[[], list], silence: Callable[[], dict],
-                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic,
-                 track: Optional[Callable[[Any], None]] = None) -> None:
+                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self._busy, self._silence, self._kill, self._clock = policy, busy, silence, kill, clock
-        self._track = track
         self._busy_since: dict[int, float] = {}
         self.hung: list[int] = []  # replicas this watch killed, in order
         self._stop = threading.Event()
@@ -58,11 +56,6 @@ class HangWatch:
             self._kill(rid)
         return found
 
-    def track(self, replica: Any) -> None:
-        """Watch a replica that joined after the start (a replacement): ``kill`` must be able to end it."""
-        if self._track is not None:
-            self._track(replica)
-
     def _run(self) -> None:
         while not self._stop.wait(self.policy.interval_s):
             try:
@@ -82,39 +75,59 @@ class HangWatch:
             self._thread.join(timeout=self.policy.interval_s + 5.0)
 
 
-def start_hang_watch(laminar: Any, router: Any, pool: Any, replicas: list) -> Optional[HangWatch]:
+def _started(pid: int) -> Optional[float]:
+    """The process's start time (with its PID, what identifies it), or None when it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+class ReplicaKiller:
+    """Ends a replica's processes: the process tree on this node by PID, then ``ray.kill`` of its actors (which
+    also covers other nodes). The roots are found when a replica is tracked, because a hung server cannot answer
+    the calls that find its PIDs; their children (vLLM's engine core, started later too) at kill time."""
+
+    def __init__(self, replicas: list) -> None:
+        self._by_id: dict[int, Any] = {}
+        self._roots: dict[int, list[int]] = {}
+        for r in replicas:
+            self.track(r)
+
+    def track(self, replica: Any) -> None:
+        from verl_laminar.trainer import runtime
+
+        self._by_id[replica.replica_id] = replica
+        self._roots[replica.replica_id] = [(pid, _started(pid)) for pid in runtime.local_roots(replica)]
+
+    def kill(self, rid: int, why: str) -> None:
+        import ray
+
+        from verl_laminar.trainer import runtime
+
+        replica = self._by_id[rid]
+        # a root that died long ago may have left its PID to another process: only the same process is signalled
+        roots = [pid for pid, started in self._roots[rid] if started is not None and _started(pid) == started]
+        if roots:
+            runtime.kill_replica(replica, runtime.process_tree(roots), why=why)
+        for actor in (replica.server, *replica.workers):
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as e:  # noqa: BLE001 - already gone
+                logger.debug("laminar: %s: ray.kill of a replica %d actor: %r", why, rid, e)
+
+
+def start_hang_watch(laminar: Any, router: Any, pool: Any, killer: ReplicaKiller) -> Optional[HangWatch]:
     """The watch over verl's replicas (None without the pool: then there is no token stream to watch)."""
     if pool is None:
         return None
     import ray
 
-    from verl_laminar.trainer import runtime
-
-    by_id: dict[int, Any] = {}
-    roots: dict[int, list[int]] = {}
-
-    def track(replica: Any) -> None:
-        # a hung server cannot answer the calls that find its PIDs, so the roots are found now; their children
-        # (vLLM's engine core, started later too) when it is killed
-        by_id[replica.replica_id] = replica
-        roots[replica.replica_id] = runtime.local_roots(replica)
-
-    for r in replicas:
-        track(r)
-
-    def kill(rid: int) -> None:
-        replica = by_id[rid]
-        if roots[rid]:
-            runtime.kill_replica(replica, runtime.process_tree(roots[rid]), why="laminar hang watch")
-        for actor in (replica.server, *replica.workers):  # on other nodes Ray kills them (SIGKILL there)
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception as e:  # already gone
-                logger.debug("laminar: hang watch: ray.kill of a replica %d actor: %r", rid, e)
-
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
     watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda: ray.get(pool.silence.remote()),
-                      kill, track=track)
+                      lambda rid: killer.kill(rid, "laminar hang watch"))
     logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s is killed)",
                 policy.dead_after_s)
     return watch.start()

@@ -91,6 +91,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if kill is not None and kill not in {r.replica_id for r in replicas}:
             raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
                              f"{sorted(r.replica_id for r in replicas)}")
+        if kill is not None and self.laminar.fault_injection.replica_fault == "garbage" and not streaming:
+            raise ValueError("laminar.fault_injection.replica_fault=garbage corrupts the streaming server's answers, "
+                             "which runs only with laminar.pool.enabled=true and the vllm rollout")
         from verl_laminar.platform.cpu import cpu_platform_requested
 
         if self.laminar.cpu_priority and cpu_platform_requested():
@@ -103,13 +106,13 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
                                    else 0)
-        from verl_laminar.trainer.hang import start_hang_watch
-
-        self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, replicas)
+        from verl_laminar.trainer.hang import ReplicaKiller, start_hang_watch
         from verl_laminar.trainer.replace import start_replacement
 
+        self._killer = ReplicaKiller(replicas)
+        self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, self._killer)
         self._replacer = start_replacement(self.laminar, list(self.standalone_server_manager.get_replicas()),
-                                           self.router, self.relay_group, self._on_replica_join)
+                                           self.router, self.relay_group, self._on_replica_join, self._killer)
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
@@ -124,8 +127,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.platform.cpu import cpu_platform_requested
 
         self._replicas.append(replica)
-        if self._hang_watch is not None:
-            self._hang_watch.track(replica)
+        self._killer.track(replica)
         if self.laminar.cpu_priority and cpu_platform_requested():
             runtime.apply_cpu_priority([], [replica.server])
 
@@ -231,7 +233,11 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                    "it anyway", replica_id, wait_s)
                     break
                 time.sleep(0.02)
-            runtime.kill_replica(replica, pids, hang=self.laminar.fault_injection.replica_fault == "hang")
+            fault = self.laminar.fault_injection.replica_fault
+            if fault == "garbage":  # it goes on answering, wrongly: the clients' output check must fence it
+                ray.get(replica.server.laminar_corrupt.remote())
+            else:
+                runtime.kill_replica(replica, pids, hang=fault == "hang")
 
         thread = threading.Thread(target=kill_when_busy, name="laminar-fault-injection", daemon=True)
         thread.start()

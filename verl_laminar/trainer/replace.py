@@ -1,7 +1,8 @@
 """Replacement replicas under verl's trainer (``laminar.replace``): the Ray and verl side of
 ``fleet.replacement.ReplacementLoop``.
 
-    release(dead):  ray.kill what is left of its actors, then remove its placement group: on a cluster whose
+    release(dead):  end what is left of it (a replica fenced for garbage output still runs), then remove its
+                    placement group: on a cluster whose
                     devices are all taken, the new replica can only be placed where the dead one was
     launch(new):    the replica class verl built the fleet with (the streaming server with the pool on), rank
                     ``new``, verl's own ``init_standalone`` (its resource pool, CheckpointEngineWorkers, server)
@@ -72,10 +73,11 @@ def launch_replica(template: Any, rank: int, timeout_s: float) -> Any:
 
 
 def start_replacement(laminar: Any, verl_replicas: list, router: Any, relay_group: Any,
-                      on_join: Callable[[Any], None]) -> Optional[ReplacementLoop]:
+                      on_join: Callable[[Any], None], killer: Any) -> Optional[ReplacementLoop]:
     """The running loop, or None with ``laminar.replace.enabled=false``. ``verl_replicas``: verl's replica objects
-    (this list grows with each replacement); ``on_join(handles)``: the trainer's own bookkeeping (hang watch, CPU
-    priority, the handles it keeps), before the router gives the replica work."""
+    (this list grows with each replacement); ``on_join(handles)``: the trainer's own bookkeeping (the killer,
+    CPU priority, the handles it keeps), before the router gives the replica work; ``killer``
+    (``trainer.hang.ReplicaKiller``) ends what runs of a dead replica: a fenced one (garbage output) is alive."""
     cfg = laminar.replace
     if not cfg.enabled:
         logger.info("laminar.replace.enabled=false: a dead replica is not replaced")
@@ -94,6 +96,7 @@ def start_replacement(laminar: Any, verl_replicas: list, router: Any, relay_grou
         return list(by_rank)
 
     def release(rid: int) -> None:
+        killer.kill(rid, "laminar: release of dead replica")  # SIGKILLed ones: nothing left; fenced ones: all
         release_replica(by_rank[rid])
 
     def launch(rank: int) -> Any:
