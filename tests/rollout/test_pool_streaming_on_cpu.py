@@ -77,23 +77,17 @@ def test_untagged_requests_stream_nothing_and_missing_log_probs_are_placeholders
     assert pool_tag(_params("k"))["key"] == "k" and pool_tag(SimpleNamespace()) is None
 
 
-def test_a_corrupted_engine_answers_ids_outside_any_vocabulary_that_the_client_check_rejects():
+def test_a_corrupted_answer_carries_ids_outside_any_vocabulary_that_the_client_check_rejects():
+    from verl.workers.rollout.replica import TokenOutput
+
     from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens
-    from verl_laminar.rollout.streaming_server import GARBAGE_ID_OFFSET
+    from verl_laminar.rollout.streaming_server import GARBAGE_ID_OFFSET, corrupted
 
-    async def main():
-        pool = Pool()
-        eng = StreamingEngine(FakeEngine(3), lambda: ActorShell(pool), lambda: 0)
-        eng.start_corrupting()  # what LaminarVLLMHttpServer.laminar_corrupt calls (fault injection)
-        tagged = [o async for o in eng.generate(prompt={}, sampling_params=_params("r3"), request_id="r3")]
-        untagged = [o async for o in eng.generate(prompt={}, sampling_params=_params(), request_id="x")]
-        for outs in (tagged, untagged):
-            ids = outs[-1].outputs[0].token_ids
-            assert ids == [GARBAGE_ID_OFFSET + 100 + i for i in range(3)]
-            with pytest.raises(GarbageOutputError, match="outside"):
-                check_output_tokens(ids, None, 151936, "r3")
-
-    asyncio.run(main())
+    out = corrupted(TokenOutput(token_ids=[100, 101], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 0}))
+    assert out.token_ids == [GARBAGE_ID_OFFSET + 100, GARBAGE_ID_OFFSET + 101]
+    assert out.log_probs == [-0.1, -0.2]  # paired as before: only the ids are impossible
+    with pytest.raises(GarbageOutputError, match="2 of 2 token ids are outside"):
+        check_output_tokens(out.token_ids, out.log_probs, 151936, "r3")
 
 
 def test_a_server_on_another_version_than_the_entry_is_refused_by_the_pool():

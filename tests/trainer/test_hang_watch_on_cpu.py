@@ -34,7 +34,7 @@ class Clock:
 def test_the_watch_kills_a_stuck_replica_once_and_leaves_the_streaming_one():
     clock, killed = Clock(), []
     state = {"busy": [0, 1], "silence": {0: 0.0, 1: 0.0}}
-    watch = HangWatch(POLICY, lambda: state["busy"], lambda: state["silence"], killed.append, clock)
+    watch = HangWatch(POLICY, lambda: state["busy"], lambda busy: {r: state["silence"][r] for r in busy if r in state["silence"]}, killed.append, clock)
     for t in range(0, 5):  # both busy; replica 0 stops streaming at t=0, replica 1 streams on
         clock.t = float(t)
         state["silence"] = {0: float(t), 1: 0.2}
@@ -50,7 +50,7 @@ def test_the_watch_kills_a_stuck_replica_once_and_leaves_the_streaming_one():
 def test_a_replica_that_takes_requests_after_a_long_idle_is_given_dead_after_s():
     clock, killed = Clock(), []
     state = {"busy": [], "silence": {0: 500.0}}
-    watch = HangWatch(POLICY, lambda: state["busy"], lambda: state["silence"], killed.append, clock)
+    watch = HangWatch(POLICY, lambda: state["busy"], lambda busy: {r: state["silence"][r] for r in busy if r in state["silence"]}, killed.append, clock)
     clock.t = 100.0
     assert watch.check() == []
     state["busy"] = [0]  # the router counted its requests before their pool entries opened
@@ -78,6 +78,20 @@ def test_the_pool_clocks_each_replicas_progress():
     assert pool.streamed_on(3) == 1 and pool.streamed_on(4) == 0 and pool.streamed_on(3, min_tokens=2) == 0
 
 
+def test_after_a_pool_restart_a_busy_replica_is_silent_only_since_the_restart(tmp_path):
+    log = str(tmp_path / "pool.log")
+    pool = PartialPool(log)
+    pool.open("a", "g", 0, [1], {}, replica_id=3)
+    time.sleep(0.2)
+    restarted = PartialPool(log)  # what Ray's restart does: a new process replays the log
+    s = restarted.silence([3, 5])
+    # nothing of the replayed log counts as fresh, but neither replica has been silent longer than the new pool
+    # has lived: a hang watch polling right after the restart must not see years of silence
+    assert set(s) == {3, 5} and 0.0 <= s[3] < 0.2 and 0.0 <= s[5] < 0.2
+    assert restarted.get("a").replica_id == 3  # the entry itself came back
+    assert pool.silence([3])[3] >= 0.2
+
+
 def test_the_watch_survives_a_failed_look():
     calls = []
 
@@ -87,7 +101,7 @@ def test_the_watch_survives_a_failed_look():
             raise RuntimeError("router restarting")
         return []
 
-    watch = HangWatch(HeartbeatPolicy(interval_s=0.01, dead_after_s=1.0), busy, dict, lambda r: None).start()
+    watch = HangWatch(HeartbeatPolicy(interval_s=0.01, dead_after_s=1.0), busy, lambda b: {}, lambda r: None).start()
     deadline = time.monotonic() + 10
     while len(calls) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # two runs of ~3 min 
 STEPS = {"kill": 14, "hang": 3, "garbage": 3}
 KILLED = 1
 REPLACEMENT = 2  # the next rank: the run's replicas are 0 and 1
+POOL_KILLED = 4
 
 
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
@@ -36,7 +37,9 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
     out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
     # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
-    rc, log = run_cpu_laminar(out, tiny_model_dir, f"laminar.fault_injection.kill_replica={KILLED}",
+    # the kill run also SIGKILLs the partial-response pool after step POOL_KILLED (Ray restarts it from its log)
+    more = [f"laminar.fault_injection.kill_pool_after_step={POOL_KILLED}"] if fault == "kill" else []
+    rc, log = run_cpu_laminar(out, tiny_model_dir, *more, f"laminar.fault_injection.kill_replica={KILLED}",
                               "laminar.fault_injection.kill_after_step=1",
                               f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
                               "laminar.pool.flush_interval_s=0.2", "laminar.heartbeat.dead_after_s=10", steps=STEPS[fault])
@@ -124,3 +127,17 @@ def test_a_replacement_joins_loads_the_newest_version_and_its_trajectories_are_t
     assert served, "the replacement generated no trajectory that a step drained"
     assert all(r.version >= loads[0].version for r in served)
     assert run.steps[STEPS[fault]]["laminar/ft/replacement_start_s"] > 0
+
+
+@pytest.mark.parametrize("failover_run", ["kill"], indirect=True)
+def test_a_killed_pool_restarts_from_its_log_and_the_run_goes_on(failover_run):
+    _, log, run, _ = failover_run
+    killed = re.findall(r"fault_injection: killed the partial-response pool \(SIGKILL of PID (\d+)\) after step (\d+)",
+                        log)
+    assert [int(step) for _, step in killed] == [POOL_KILLED], killed
+    back = re.findall(r"the partial-response pool answers again after ([\d.]+) s \(PID (\d+)", log)
+    assert len(back) == 1 and back[0][1] != killed[0][0], back  # a new process: Ray restarted it
+    last = run.steps[STEPS["kill"]]
+    # streams in flight across the restart were retried, not failed; no replica looked hung meanwhile
+    assert last["laminar/ft/hung_replicas"] == 0 and last["laminar/ft/replica_failures"] == 1, last
+    assert sorted(run.steps) == list(range(1, STEPS["kill"] + 1))

@@ -219,8 +219,12 @@ class FaultInjectionConfig(_Section):
     # it answers out-of-vocabulary ids (the clients' check fences it)
     replica_fault: str = "kill"
     kill_trainer_after_step: Optional[int] = None
+    kill_pool_after_step: Optional[int] = None
 
     def __post_init__(self) -> None:
+        self._require("kill_pool_after_step", self.kill_pool_after_step is None or self.kill_pool_after_step >= 1,
+                      "must be null (no fault) or a training step >= 1 (the partial-response pool's process is "
+                      "SIGKILLed after that step publishes; Ray restarts it from its log)")
         self._require("kill_trainer_after_step", self.kill_trainer_after_step is None or
                       self.kill_trainer_after_step >= 1,
                       "must be null (no fault) or a training step >= 1 (the trainer dies after that step's "

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from verl_laminar.policy.accounting import InvariantViolation
 
@@ -77,6 +77,7 @@ class PartialPool:
         self.recovered = 0
         self.torn_records = 0
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
+        self._started = time.monotonic()  # a replica unseen since this process started is silent since then
         if log_path is not None:
             if os.path.exists(log_path):
                 self._replay(log_path)
@@ -145,10 +146,14 @@ class PartialPool:
     def on_replica(self, replica_id: int) -> list[PartialTrajectory]:
         return [t for t in self._entries.values() if t.replica_id == replica_id]
 
-    def silence(self) -> dict[int, float]:
-        """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica."""
+    def silence(self, replicas: Optional[Iterable[int]] = None) -> dict[int, float]:
+        """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica. For
+        ``replicas``: each of them, one this pool has not heard from since it (re)started being silent since the
+        start (after a restart nothing replayed is fresh, and its silence must not look like a hang)."""
         now = time.monotonic()
-        return {rid: now - t for rid, t in self._activity.items()}
+        if replicas is None:
+            return {rid: now - t for rid, t in self._activity.items()}
+        return {int(r): now - self._activity.get(int(r), self._started) for r in replicas}
 
     def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
         """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in

@@ -79,8 +79,6 @@ class StreamingEngine:
         object.__setattr__(self, "_version", version)
         object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
         object.__setattr__(self, "streamed_requests", 0)
-        # fault injection only (laminar.fault_injection.replica_fault=garbage): every answer's ids made impossible
-        object.__setattr__(self, "corrupt", False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -88,18 +86,7 @@ class StreamingEngine:
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._engine, name, value)
 
-    def start_corrupting(self) -> None:
-        """Fault injection only: from now on every answer carries token ids outside any vocabulary."""
-        object.__setattr__(self, "corrupt", True)
-
     async def generate(self, *args: Any, **kwargs: Any):
-        async for out in self._generate(*args, **kwargs):
-            if self.corrupt:
-                for c in out.outputs:
-                    c.token_ids = [GARBAGE_ID_OFFSET + int(t) for t in c.token_ids]
-            yield out
-
-    async def _generate(self, *args: Any, **kwargs: Any):
         params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
         tag = pool_tag(params)
         if tag is None:
@@ -137,6 +124,12 @@ class StreamingEngine:
         object.__setattr__(self, "streamed_requests", self.streamed_requests + 1)
 
 
+def corrupted(output: Any) -> Any:
+    """verl's answer with every token id moved outside any vocabulary (fault injection only)."""
+    output.token_ids = [GARBAGE_ID_OFFSET + int(t) for t in output.token_ids]
+    return output
+
+
 def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
     """A subclass of verl's ``vLLMHttpServer`` whose engine is a ``StreamingEngine`` (not yet ``ray.remote``)."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
@@ -165,8 +158,12 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
         async def laminar_corrupt(self) -> None:
             """Fault injection (``laminar.fault_injection.replica_fault=garbage``): from now on every answer
             carries token ids outside the vocabulary, as a replica with corrupted weights or a broken kernel might."""
-            self.engine.start_corrupting()
+            self._laminar_corrupt = True
             logger.warning("laminar.fault_injection: replica %s now answers garbage token ids", self.replica_rank)
+
+        async def generate(self, *args: Any, **kwargs: Any) -> Any:
+            out = await super().generate(*args, **kwargs)
+            return corrupted(out) if getattr(self, "_laminar_corrupt", False) else out
 
     return LaminarVLLMHttpServer
 

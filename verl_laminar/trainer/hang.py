@@ -26,11 +26,11 @@ logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
 
 class HangWatch:
-    """``busy()``: the replicas with requests in flight (the router's ``busy_replicas``); ``silence()``: seconds
-    since each replica's last progress (the pool's); ``kill(replica_id)``: end it. Pure of Ray: the trainer
-    passes the calls."""
+    """``busy()``: the replicas with requests in flight (the router's ``busy_replicas``); ``silence(replicas)``:
+    seconds since each of them last made progress (the pool's); ``kill(replica_id)``: end it. Pure of Ray: the
+    trainer passes the calls."""
 
-    def __init__(self, policy: HeartbeatPolicy, busy: Callable[[], list], silence: Callable[[], dict],
+    def __init__(self, policy: HeartbeatPolicy, busy: Callable[[], list], silence: Callable[[list], dict],
                  kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self._busy, self._silence, self._kill, self._clock = policy, busy, silence, kill, clock
         self._busy_since: dict[int, float] = {}
@@ -46,7 +46,7 @@ class HangWatch:
         # a long pool silence but is not hung
         self._busy_since = {r: self._busy_since.get(r, now) for r in busy}
         found = hung_replicas({r: now - t for r, t in self._busy_since.items()},
-                              {int(r): float(s) for r, s in self._silence().items()}, self.policy)
+                              {int(r): float(s) for r, s in self._silence(sorted(busy)).items()}, self.policy)
         for rid in found:
             logger.error("laminar: replica %d is hung: requests in flight for %.1f s and nothing streamed for as "
                          "long (laminar.heartbeat.dead_after_s=%s); killing it so that its groups fail over", rid,
@@ -126,7 +126,7 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, killer: ReplicaKiller
     import ray
 
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
-    watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda: ray.get(pool.silence.remote()),
+    watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda busy: ray.get(pool.silence.remote(busy)),
                       lambda rid: killer.kill(rid, "laminar hang watch"))
     logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s is killed)",
                 policy.dead_after_s)

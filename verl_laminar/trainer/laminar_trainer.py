@@ -193,6 +193,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         fi = self.laminar.fault_injection
         if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
             self._arm_replica_kill(fi.kill_replica)
+        if fi.kill_pool_after_step is not None and int(self.global_steps) == fi.kill_pool_after_step:
+            self._kill_pool()
         if fi.kill_trainer_after_step is not None and int(self.global_steps) == fi.kill_trainer_after_step:
             import signal
 
@@ -242,6 +244,25 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         thread = threading.Thread(target=kill_when_busy, name="laminar-fault-injection", daemon=True)
         thread.start()
         self._armed_kill = (thread, now)
+
+    def _kill_pool(self) -> None:
+        """Fault injection: SIGKILL the pool's process; a thread logs when the restarted pool answers again."""
+        import signal
+
+        if self.pool is None:
+            raise ValueError("laminar.fault_injection.kill_pool_after_step needs laminar.pool.enabled=true")
+        pid = runtime.pid_of(self.pool)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d) after step %d",
+                       pid, self.global_steps)
+
+        def back() -> None:
+            new = runtime.pid_of(self.pool)  # Ray holds the call until the restarted actor answers
+            logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
+                           "its log replayed)", time.monotonic() - t0, new)
+
+        threading.Thread(target=back, name="laminar-pool-restart", daemon=True).start()
 
     def _land_armed_kill(self) -> None:
         armed, self._armed_kill = getattr(self, "_armed_kill", None), None

@@ -209,7 +209,7 @@ def replica_relays(group: Any, replicas: list) -> dict:
     return out
 
 
-def _pid_of(actor: Any) -> int:
+def pid_of(actor: Any) -> int:
     import ray
 
     from verl_laminar.platform.priority import current_pid
@@ -235,12 +235,12 @@ def local_roots(replica: Any) -> list[int]:
     import ray
 
     here = ray.get_runtime_context().get_node_id()
-    return [_pid_of(a) for a in (replica.server, *replica.workers) if _node_of(a) == here]
+    return [pid_of(a) for a in (replica.server, *replica.workers) if _node_of(a) == here]
 
 
 def replica_pids(replica: Any) -> list[int]:
     """A replica's processes: its server actor, its workers and every process they started (vLLM's engine core)."""
-    return process_tree([_pid_of(replica.server)] + [_pid_of(w) for w in replica.workers])
+    return process_tree([pid_of(replica.server)] + [pid_of(w) for w in replica.workers])
 
 
 def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = False,
@@ -267,10 +267,10 @@ def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""
     from verl_laminar.platform.priority import renice_tree
 
-    out = {"rollout": [renice_tree(_pid_of(s), 19) for s in replica_servers], "trainer": []}
+    out = {"rollout": [renice_tree(pid_of(s), 19) for s in replica_servers], "trainer": []}
     for w in trainer_workers:
         try:
-            out["trainer"].append(renice_tree(_pid_of(w), 0))
+            out["trainer"].append(renice_tree(pid_of(w), 0))
         except PermissionError:
             logger.warning("laminar.cpu_priority: no permission to raise the trainer's priority; only the rollouts "
                            "were lowered (nice 19)")
