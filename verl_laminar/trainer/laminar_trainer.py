@@ -238,6 +238,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             fault = self.laminar.fault_injection.replica_fault
             if fault == "garbage":  # it goes on answering, wrongly: the clients' output check must fence it
                 ray.get(replica.server.laminar_corrupt.remote())
+                logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica_id)
             else:
                 runtime.kill_replica(replica, pids, hang=fault == "hang")
 
