@@ -121,17 +121,23 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
 
 def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] = None) -> RunRecord:
     cmd, extra = mode_command(mode, args)
-    log_path = Path(args.out) / f"{mode}.log"
+    return run_logged(mode, cmd, extra, Path(args.out) / f"{mode}.log", args.timeout_s, progress)
+
+
+def run_logged(name: str, cmd: list[str], extra_env: dict[str, str], log_path: Path, timeout_s: float,
+               progress: Optional[Progress] = None) -> RunRecord:
+    """Run one training command, each output line stamped with its arrival time (seconds since the start) in
+    ``log_path`` and fed to a ``RunRecord``; the run's whole process tree is ended after it (or at the timeout)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(mode)
-    logger.info("%s: %s (log %s)", mode, " ".join(cmd), log_path)
+    record = RunRecord(name)
+    logger.info("%s: %s (log %s)", name, " ".join(cmd), log_path)
     if progress:
-        progress(mode, "start", {"log": str(log_path)})
+        progress(name, "start", {"log": str(log_path)})
     t0 = time.monotonic()
     # a session of its own, so a timeout ends this run's whole process tree (and only it)
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **extra}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **extra_env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    timer = threading.Timer(args.timeout_s, terminate, args=(proc, mode))
+    timer = threading.Timer(timeout_s, terminate, args=(proc, name))
     timer.start()
     tree = TreeWatch(proc.pid)
     try:
@@ -143,9 +149,9 @@ def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] =
                 record.feed(line, t)
                 if len(record.steps) > before:
                     step = max(record.steps)
-                    logger.debug("%s: step %d done at %.0f s", mode, step, t)
+                    logger.debug("%s: step %d done at %.0f s", name, step, t)
                     if progress:
-                        progress(mode, "step", {"step": step, "t": t})
+                        progress(name, "step", {"step": step, "t": t})
         record.exit_code = proc.wait()
     finally:
         timer.cancel()
@@ -154,11 +160,11 @@ def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] =
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        tree.stop_and_reap(mode)
+        tree.stop_and_reap(name)
     elapsed = time.monotonic() - t0
-    logger.debug("%s: exit %s after %.0f s", mode, record.exit_code, elapsed)
+    logger.debug("%s: exit %s after %.0f s", name, record.exit_code, elapsed)
     if progress:
-        progress(mode, "end", {"exit_code": record.exit_code, "t": elapsed, "log": str(log_path)})
+        progress(name, "end", {"exit_code": record.exit_code, "t": elapsed, "log": str(log_path)})
     return record
 
 

@@ -220,8 +220,16 @@ class FaultInjectionConfig(_Section):
     replica_fault: str = "kill"
     kill_trainer_after_step: Optional[int] = None
     kill_pool_after_step: Optional[int] = None
+    # "STEP:KIND[@REPLICA];..." (policy.faults): many faults in one run, as the chaos benchmark injects them
+    schedule: str = ""
 
     def __post_init__(self) -> None:
+        from verl_laminar.policy.faults import FaultPlanError, parse_schedule
+
+        try:
+            parse_schedule(self.schedule)
+        except FaultPlanError as e:
+            raise LaminarConfigError(str(e)) from e
         self._require("kill_pool_after_step", self.kill_pool_after_step is None or self.kill_pool_after_step >= 1,
                       "must be null (no fault) or a training step >= 1 (the partial-response pool's process is "
                       "SIGKILLed after that step publishes; Ray restarts it from its log)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 import ray
@@ -91,9 +90,6 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if kill is not None and kill not in {r.replica_id for r in replicas}:
             raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
                              f"{sorted(r.replica_id for r in replicas)}")
-        if kill is not None and self.laminar.fault_injection.replica_fault == "garbage" and not streaming:
-            raise ValueError("laminar.fault_injection.replica_fault=garbage corrupts the streaming server's answers, "
-                             "which runs only with laminar.pool.enabled=true and the vllm rollout")
         from verl_laminar.platform.cpu import cpu_platform_requested
 
         if self.laminar.cpu_priority and cpu_platform_requested():
@@ -111,6 +107,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
         self._killer = ReplicaKiller(replicas)
         self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, self._killer)
+        from verl_laminar.trainer.faults import FaultInjector
+
+        self._faults = FaultInjector(self.laminar, self.router, self.pool if streaming else None,
+                                     lambda: list(self._replicas))
         self._replacer = start_replacement(self.laminar, list(self.standalone_server_manager.get_replicas()),
                                            self.router, self.relay_group, self._on_replica_join, self._killer)
         default = self.standalone_server_manager.global_load_balancer
@@ -187,90 +187,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def on_step_end(self) -> None:
         if self.prev_step_profile:
             self._stop_rollout_profiling()
-        self._land_armed_kill()  # a replica kill armed after the previous step lands before this step publishes
+        self._faults.land_armed()  # a replica fault armed after the previous step strikes before this publication
         self._pending_sync_metrics = self._publish(int(self.global_steps))
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
-        fi = self.laminar.fault_injection
-        if fi.kill_replica is not None and int(self.global_steps) == fi.kill_after_step:
-            self._arm_replica_kill(fi.kill_replica)
-        if fi.kill_pool_after_step is not None and int(self.global_steps) == fi.kill_pool_after_step:
-            self._kill_pool()
-        if fi.kill_trainer_after_step is not None and int(self.global_steps) == fi.kill_trainer_after_step:
-            import signal
-
-            logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step %d",
-                           os.getpid(), self.global_steps)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def _arm_replica_kill(self, replica_id: int, wait_s: float = 60.0) -> None:
-        """Fault injection: kill the replica, from a thread, once it holds groups that a death moves or loses, so
-        the kill strikes mid-generation rather than between two of its batches.
-
-        Not in this call: the trainer drives the next batch's generation only after the step ends, so a wait here
-        could see no new work. Not on "requests in flight" either: the last requests of a batch could finish while
-        the kill was under way (finding the PIDs takes several Ray calls), and the replica died idle. So the PIDs
-        are found first, the thread asks the router for open, unfinished groups on the replica (and, with the
-        partial-response pool, for a group that can move and requests there that streamed a chunk) and signals at
-        once on the answer; the next step's end (``_land_armed_kill``) kills it before publishing if it has not fired.
-        """
-        replica = next(r for r in self._replicas if r.replica_id == replica_id)
-        pids = runtime.replica_pids(replica)
-        now = threading.Event()
-
-        def busy() -> bool:
-            if self.pool is None:
-                return ray.get(self.router.open_groups_on.remote(replica_id)) > 0
-            # with the pool: once a group there can move (a live replica serves its version) and two requests
-            # there have streamed a whole chunk each, so the death leaves work that continues from the pool
-            chunk = self.laminar.pool.flush_tokens
-            return (ray.get(self.router.movable_groups_on.remote(replica_id)) > 0
-                    and ray.get(self.pool.streamed_on.remote(replica_id, chunk)) >= 2)
-
-        def kill_when_busy() -> None:
-            deadline = time.monotonic() + wait_s
-            while not now.is_set() and not busy():
-                if time.monotonic() > deadline:
-                    logger.warning("laminar.fault_injection: replica %d held no unfinished group for %.0f s; killing "
-                                   "it anyway", replica_id, wait_s)
-                    break
-                time.sleep(0.02)
-            fault = self.laminar.fault_injection.replica_fault
-            if fault == "garbage":  # it goes on answering, wrongly: the clients' output check must fence it
-                ray.get(replica.server.laminar_corrupt.remote())
-                logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica_id)
-            else:
-                runtime.kill_replica(replica, pids, hang=fault == "hang")
-
-        thread = threading.Thread(target=kill_when_busy, name="laminar-fault-injection", daemon=True)
-        thread.start()
-        self._armed_kill = (thread, now)
-
-    def _kill_pool(self) -> None:
-        """Fault injection: SIGKILL the pool's process; a thread logs when the restarted pool answers again."""
-        import signal
-
-        if self.pool is None:
-            raise ValueError("laminar.fault_injection.kill_pool_after_step needs laminar.pool.enabled=true")
-        pid = runtime.pid_of(self.pool)
-        t0 = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d) after step %d",
-                       pid, self.global_steps)
-
-        def back() -> None:
-            new = runtime.pid_of(self.pool)  # Ray holds the call until the restarted actor answers
-            logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
-                           "its log replayed)", time.monotonic() - t0, new)
-
-        threading.Thread(target=back, name="laminar-pool-restart", daemon=True).start()
-
-    def _land_armed_kill(self) -> None:
-        armed, self._armed_kill = getattr(self, "_armed_kill", None), None
-        if armed is not None:
-            thread, now = armed
-            now.set()
-            thread.join()
+        self._faults.strike(int(self.global_steps))  # laminar.fault_injection (testing only)
 
     # ---- waits and accounting ----
     def on_sample_begin(self) -> None:

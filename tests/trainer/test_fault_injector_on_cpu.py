@@ -1,0 +1,116 @@
+"""The trainer's fault injector (``trainer.faults``) with fakes for Ray: a replica fault waits for work on a live
+replica and strikes that one; pool and trainer kills signal the right PID; a garbage fault corrupts the server."""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+from verl_laminar.config.schema import FaultInjectionConfig, LaminarConfig
+from verl_laminar.trainer import faults as tf
+from verl_laminar.trainer import runtime
+
+
+class _Handle:
+    """``handle.method.remote(*a)`` returns ``obj.method(*a)``; ``ray.get`` is the identity in these tests."""
+
+    def __init__(self, obj) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name):
+        return SimpleNamespace(remote=getattr(self._obj, name))
+
+
+class _Router:
+    def __init__(self) -> None:
+        self.movable, self.dead = {0: 0, 1: 0}, []
+
+    def dead_replicas(self):
+        return list(self.dead)
+
+    def movable_groups_on(self, rid):
+        return self.movable.get(rid, 0)
+
+    def open_groups_on(self, rid):
+        return self.movable.get(rid, 0)
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.streamed = {}
+
+    def streamed_on(self, rid, min_tokens):
+        return self.streamed.get(rid, 0)
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.corrupt = False
+
+    def laminar_corrupt(self):
+        self.corrupt = True
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    killed, signalled = [], []
+    monkeypatch.setattr(runtime, "replica_pids", lambda r: [100 + r.replica_id])
+    monkeypatch.setattr(runtime, "kill_replica", lambda r, pids, hang=False: killed.append((r.replica_id, pids, hang)))
+    monkeypatch.setattr(runtime, "pid_of", lambda actor: 4242)
+    monkeypatch.setattr(tf.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    monkeypatch.setattr(tf.logging, "shutdown", lambda: None)
+    router, pool = _Router(), _Pool()
+    servers = {i: _Server() for i in range(2)}
+    replicas = [SimpleNamespace(replica_id=i, server=_Handle(servers[i]), workers=()) for i in range(2)]
+    return SimpleNamespace(router=router, pool=pool, servers=servers, replicas=replicas, killed=killed,
+                           signalled=signalled)
+
+
+def _injector(f, schedule: str, pool=True) -> tf.FaultInjector:
+    lam = LaminarConfig(fault_injection=FaultInjectionConfig(schedule=schedule))
+    return tf.FaultInjector(lam, _Handle(f.router), _Handle(f.pool) if pool else None, lambda: f.replicas)
+
+
+def test_a_replica_fault_waits_for_work_and_strikes_the_replica_that_has_it(fakes):
+    inj = _injector(fakes, "2:replica_hang")
+    inj.strike(1)
+    assert fakes.killed == []  # nothing due at step 1
+    inj.strike(2)
+    time.sleep(0.1)
+    assert fakes.killed == []  # armed: no replica holds work yet
+    fakes.router.movable[1], fakes.pool.streamed[1] = 1, 2  # replica 1 has a movable group and streamed requests
+    deadline = time.monotonic() + 5
+    while not fakes.killed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fakes.killed == [(1, [101], True)]  # SIGSTOP (hang) of replica 1's processes, found at arm time
+    inj.land_armed()
+
+
+def test_an_armed_fault_strikes_at_the_next_step_at_the_latest_and_skips_dead_replicas(fakes):
+    fakes.router.dead = [0]
+    inj = _injector(fakes, "3:replica_kill")
+    inj.strike(3)
+    inj.land_armed()  # the next step's end: it strikes now, on the only live replica
+    assert fakes.killed == [(1, [101], False)]
+
+
+def test_a_garbage_fault_corrupts_the_server_and_needs_the_pool(fakes):
+    inj = _injector(fakes, "1:replica_garbage@0")
+    fakes.router.movable[0], fakes.pool.streamed[0] = 1, 2
+    inj.strike(1)
+    inj.land_armed()
+    assert fakes.servers[0].corrupt and not fakes.servers[1].corrupt and fakes.killed == []
+    with pytest.raises(ValueError, match="laminar.pool.enabled=true"):
+        _injector(fakes, "1:replica_garbage", pool=False)
+
+
+def test_pool_and_trainer_kills_signal_their_processes(fakes):
+    inj = _injector(fakes, "2:pool_kill;2:trainer_kill")
+    inj.strike(2)
+    assert fakes.signalled[0] == (4242, signal.SIGKILL)  # the pool's process
+    assert fakes.signalled[1][1] == signal.SIGKILL and fakes.signalled[1][0] == tf.os.getpid()  # then the trainer

@@ -1,0 +1,146 @@
+"""Chaos on the product: ``python -m verl.trainer.main_ppo ... +laminar=enabled`` (the CPU recipe's toy math, verl's
+reward) with seeded faults injected into the running job.
+
+    python -m verl_laminar.chaos.product --json [--seed S] [--faults replica_kill=3,...] [--results docs/results]
+
+Dataflow:
+    plan_faults(counts, seed): the kinds in a seeded order, one every ``--gap-steps`` training steps
+    -> laminar.fault_injection.schedule (the trainer's injector, ``trainer.faults``, strikes each after its step
+       publishes: replica SIGKILL / SIGSTOP / garbage answers at a replica holding work, the pool's SIGKILL, the
+       trainer's SIGKILL after the step's checkpoint)
+    -> launch the CPU recipe with trainer.save_freq=1 and trainer.resume_mode=auto; a trainer kill ends the job,
+       and the same command runs again, resuming from the checkpoint (as a user would rerun it)
+    -> report (``chaos.report``): faults and their recovery times, groups moved / failed and refilled, requests
+       continued from the pool or rerun from their prompts, duplicated and mixed-version trajectories, replacements,
+       training throughput around each fault, the effective training time ratio.
+
+What is not measured, and why: tokens generated while the trainer is down. verl's ``TaskRunner`` creates the
+rollout replicas, and Ray actors die with their owner, so nothing generates then (``docs/fleet_ownership.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from verl_laminar.bench.e2e import run_logged
+from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.chaos.report import build_report
+from verl_laminar.policy.faults import KINDS, Fault
+
+logger = logging.getLogger("verl_laminar.chaos.product")
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "cpu" / "run_laminar_grpo.sh"
+# 10 faults: the issue's minimum (>= 3 replica SIGKILLs, >= 2 trainer SIGKILLs, the pool, a garbage replica)
+DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=3,trainer_kill=2"
+# a replacement replica takes ~80 s to start on 2 busy cores, ~7 steps of this workload: faults come further apart
+DEFAULT_GAP_STEPS = 8
+FIRST_STEP = 3  # after the warm-up steps
+
+
+def parse_counts(text: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, n = part.partition("=")
+        if not sep or kind not in KINDS or not n.isdigit():
+            raise ValueError(f"--faults entry {part!r}: expected KIND=N with KIND one of {', '.join(KINDS)}")
+        counts[kind] = counts.get(kind, 0) + int(n)
+    return counts
+
+
+def plan_faults(counts: dict[str, int], seed: int, gap_steps: int, first_step: int = FIRST_STEP) -> list[Fault]:
+    """The kinds in a seeded order, one every ``gap_steps`` steps from ``first_step``."""
+    if gap_steps < 1:
+        raise ValueError(f"--gap-steps {gap_steps}: must be >= 1")
+    kinds = [k for k in KINDS for _ in range(counts.get(k, 0))]
+    random.Random(seed).shuffle(kinds)
+    return [Fault(first_step + i * gap_steps, kind) for i, kind in enumerate(kinds)]
+
+
+def launch_command(out: Path, model: str, plan: list[Fault], steps: int, extra: list[str]) -> tuple[list, dict]:
+    schedule = ";".join(f.label() for f in plan)
+    cmd = ["bash", str(RECIPE), f"laminar.fault_injection.schedule='{schedule}'", "trainer.save_freq=1",
+           "trainer.resume_mode=auto", *extra]
+    env = {"STEPS": str(steps), "REPLICAS": "2", "SKEW": "1", "RESP": "96", "MICRO": "4", "OUT": str(out),
+           "MODEL": model, "PY": sys.executable, "PYTHONUNBUFFERED": "1"}
+    return cmd, env
+
+
+def run(args: argparse.Namespace) -> dict:
+    from verl_laminar.fixtures import model_dir
+
+    plan = plan_faults(parse_counts(args.faults), args.seed, args.gap_steps)
+    steps = (plan[-1].step if plan else FIRST_STEP) + args.gap_steps
+    out = Path(args.out)
+    model = str(args.model or model_dir(name=args.fixture))
+    cmd, env = launch_command(out, model, plan, steps, args.set)
+    launches = []
+    t_start = time.time()
+    for i in range(1 + sum(f.kind == "trainer_kill" for f in plan)):
+        t0 = time.time()
+        rec = run_logged(f"launch{i}", cmd, env, out / f"launch{i}.log", args.timeout_s)
+        launches.append({"t0": t0, "record": rec, "log": out / f"launch{i}.log"})
+        last = max(rec.steps, default=0)
+        logger.info("launch %d: exit %s after %.0f s, last step %d", i, rec.exit_code, time.time() - t0, last)
+        if rec.exit_code == 0 or last >= steps:
+            break
+        if "killing the trainer process" not in (out / f"launch{i}.log").read_text(errors="replace"):
+            logger.error("launch %d failed without a trainer kill (exit %s); see %s", i, rec.exit_code,
+                         out / f"launch{i}.log")
+            break
+    timeline = out / "checkpoints" / "laminar_timeline.jsonl"
+    report = build_report(plan, steps, launches, timeline, t_start, time.time())
+    report["command"] = {"argv": cmd, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PY", "OUT")}}
+    return report
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m verl_laminar.chaos.product", description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0, help="orders the faults")
+    ap.add_argument("--faults", default=DEFAULT_FAULTS, help=f"KIND=N,...; kinds: {', '.join(KINDS)}")
+    ap.add_argument("--gap-steps", type=int, default=DEFAULT_GAP_STEPS, help="training steps between two faults")
+    ap.add_argument("--fixture", default="tiny-qwen")
+    ap.add_argument("--model", default=None, help="a model directory instead of the fixture")
+    ap.add_argument("--out", default=None, help="run directory (default: a fresh temporary one)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override")
+    ap.add_argument("--timeout-s", type=float, default=3600.0, help="the most one launch may take")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/chaos_product_<date>.json")
+    ap.add_argument("--results-name", default="chaos_product")
+    args = ap.parse_args(argv)
+    try:
+        parse_counts(args.faults)
+        plan_faults(parse_counts(args.faults), args.seed, args.gap_steps)
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import tempfile
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    prov = provenance(argv, "verl_laminar.chaos.product")
+    path = claim_result_path(args.results, args.results_name, prov) if args.results else None
+    args.out = args.out or tempfile.mkdtemp(prefix="laminar-chaos-")
+    report = {**prov, **run(args)}
+    text = json.dumps(report, indent=1)
+    if path is not None:
+        path.write_text(text + "\n")
+        logger.info("wrote %s", path)
+    if args.json:
+        sys.stdout.write(text + "\n")
+    ok = report["duplicated"] == 0 and report["mixed_version_steps"] == 0 and report["completed"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Fault injection under verl's trainer (``laminar.fault_injection``; testing only): executes the plan of
+``policy.faults`` after each step's publication.
+
+    on_step_end(step): land a replica fault armed at the previous step (it strikes before this step publishes
+        at the latest) -> publish (the trainer) -> strike(step): arm replica faults, kill the pool, kill the trainer
+
+A replica fault is armed, not struck at once: the trainer drives the next batch's generation only after the step
+ends, so the fault waits in a thread until its replica holds work that the fault disturbs (groups that a death
+moves or loses; with the pool, a group that can move and two requests that streamed a whole chunk), then strikes
+at once. Its PIDs are found first, because a signal must land in microseconds once the work is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from verl_laminar.policy.faults import Fault, due, plan_from_config
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
+
+ARM_WAIT_S = 60.0  # an armed replica fault strikes anyway after this long without work on its replica
+
+
+class FaultInjector:
+    """``replicas()``: the live replica handles now (replacements included); the router, the pool (or None) and
+    the pool's chunk size from the trainer."""
+
+    def __init__(self, laminar: Any, router: Any, pool: Any, replicas: Callable[[], list]) -> None:
+        self.plan = plan_from_config(laminar.fault_injection)
+        self._router, self._pool, self._replicas = router, pool, replicas
+        self._chunk = laminar.pool.flush_tokens
+        self._armed: list[tuple[threading.Thread, threading.Event]] = []
+        if any(f.replica_fault == "garbage" for f in self.plan) and pool is None:
+            raise ValueError("laminar.fault_injection: a garbage replica fault corrupts the streaming server's "
+                             "answers, which runs only with laminar.pool.enabled=true and the vllm rollout")
+        if any(f.kind == "pool_kill" for f in self.plan) and pool is None:
+            raise ValueError("laminar.fault_injection: a pool_kill needs laminar.pool.enabled=true")
+        if self.plan:
+            logger.warning("laminar.fault_injection: plan %s", ";".join(f.label() for f in self.plan))
+
+    def land_armed(self) -> None:
+        """Strike every armed replica fault now (before the next publication)."""
+        armed, self._armed = self._armed, []
+        for thread, now in armed:
+            now.set()
+            thread.join()
+
+    def strike(self, step: int) -> None:
+        for f in due(self.plan, step):
+            if f.replica_fault is not None:
+                self._arm(f)
+            elif f.kind == "pool_kill":
+                self._kill_pool(step)
+            elif f.kind == "trainer_kill":
+                logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step "
+                               "%d", os.getpid(), step)
+                logging.shutdown()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    # ---- replica faults ----
+    def _busy(self, replica_id: int) -> bool:
+        import ray
+
+        if self._pool is None:
+            return ray.get(self._router.open_groups_on.remote(replica_id)) > 0
+        return (ray.get(self._router.movable_groups_on.remote(replica_id)) > 0
+                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk)) >= 2)
+
+    def _arm(self, fault: Fault) -> None:
+        from verl_laminar.trainer import runtime
+
+        live = self._live()
+        targets = [r for r in live if fault.replica is None or r.replica_id == fault.replica]
+        if not targets:
+            logger.error("laminar.fault_injection: %s: no live replica to strike (live: %s); skipped", fault.label(),
+                         [r.replica_id for r in live])
+            return
+        pids = {r.replica_id: runtime.replica_pids(r) for r in targets}
+        now = threading.Event()
+
+        def strike_when_busy() -> None:
+            deadline = time.monotonic() + ARM_WAIT_S
+            chosen: Optional[Any] = None
+            while chosen is None and not now.is_set():
+                chosen = next((r for r in targets if self._busy(r.replica_id)), None)
+                if chosen is None:
+                    if time.monotonic() > deadline:
+                        logger.warning("laminar.fault_injection: %s: no unfinished group on %s for %.0f s; striking "
+                                       "anyway", fault.label(), [r.replica_id for r in targets], ARM_WAIT_S)
+                        break
+                    time.sleep(0.02)
+            self._strike_replica(fault, chosen or targets[0], pids)
+
+        thread = threading.Thread(target=strike_when_busy, name="laminar-fault-injection", daemon=True)
+        thread.start()
+        self._armed.append((thread, now))
+
+    def _strike_replica(self, fault: Fault, replica: Any, pids: dict) -> None:
+        import ray
+
+        from verl_laminar.trainer import runtime
+
+        if fault.replica_fault == "garbage":  # it goes on answering, wrongly: the clients' output check fences it
+            ray.get(replica.server.laminar_corrupt.remote())
+            logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
+        else:
+            runtime.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
+
+    def _live(self) -> list:
+        import ray
+
+        dead = set(ray.get(self._router.dead_replicas.remote()))
+        return [r for r in self._replicas() if r.replica_id not in dead]
+
+    # ---- the pool ----
+    def _kill_pool(self, step: int) -> None:
+        """SIGKILL the pool's process; a thread logs when the restarted pool answers again."""
+        from verl_laminar.trainer import runtime
+
+        pid = runtime.pid_of(self._pool)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d) after step %d",
+                       pid, step)
+
+        def back() -> None:
+            new = runtime.pid_of(self._pool)  # Ray holds the call until the restarted actor answers
+            logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
+                           "its log replayed)", time.monotonic() - t0, new)
+
+        threading.Thread(target=back, name="laminar-pool-restart", daemon=True).start()
