@@ -96,7 +96,7 @@ def test_window_spread_is_the_workload_noise_floor():
 
 
 def test_cli_defaults_leave_windows_long_enough_to_judge_and_refuse_bad_flags(capsys):
-    from verl_laminar.chaos.__main__ import parse_args
+    from verl_laminar.chaos.runtime import parse_args
     a = parse_args([])
     # at least 10 faults of every kind, and after-fault windows several ~15 s steps long
     counts = parse_counts(a.faults)

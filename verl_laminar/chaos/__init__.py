@@ -1,1 +1,2 @@
-"""Chaos benchmark for the fault-tolerant runtime (``python -m verl_laminar.chaos``)."""
+"""Chaos benchmarks: on the product (``python -m verl_laminar.chaos``, faults injected into ``main_ppo
++laminar=enabled``) and on the side runtime (``python -m verl_laminar.chaos.runtime``)."""

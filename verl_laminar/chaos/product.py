@@ -1,7 +1,7 @@
 """Chaos on the product: ``python -m verl.trainer.main_ppo ... +laminar=enabled`` (the CPU recipe's toy math, verl's
 reward) with seeded faults injected into the running job.
 
-    python -m verl_laminar.chaos.product --json [--seed S] [--faults replica_kill=3,...] [--results docs/results]
+    python -m verl_laminar.chaos --json [--seed S] [--faults replica_kill=3,...] [--results docs/results]
 
 Dataflow:
     plan_faults(counts, seed): the kinds in a seeded order, one every ``--gap-steps`` training steps
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m verl_laminar.chaos.product", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m verl_laminar.chaos", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0, help="orders the faults")
     ap.add_argument("--faults", default=DEFAULT_FAULTS, help=f"KIND=N,...; kinds: {', '.join(KINDS)}")
     ap.add_argument("--gap-steps", type=int, default=DEFAULT_GAP_STEPS, help="training steps between two faults")
@@ -112,7 +112,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="the most one launch may take")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/chaos_product_<date>.json")
+    ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/<results-name>_<date>.json")
     ap.add_argument("--results-name", default="chaos_product")
     args = ap.parse_args(argv)
     try:
@@ -128,8 +128,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    prov = provenance(argv, "verl_laminar.chaos.product")
-    path = claim_result_path(args.results, args.results_name, prov) if args.results else None
+    prov = provenance(argv, "verl_laminar.chaos")  # before the run: the load it started under
+    path = None
+    if args.results:
+        try:  # a clash stops the run here, not after an hour
+            path = claim_result_path(args.results, args.results_name, prov)
+        except FileExistsError as e:
+            logger.error("%s", e)
+            return 2
     args.out = args.out or tempfile.mkdtemp(prefix="laminar-chaos-")
     report = {**prov, **run(args)}
     text = json.dumps(report, indent=1)
