@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 
+FIRST_TOKEN_FACTOR = 3.0  # a replica not heard from yet is hung after this many dead_after_s of busy silence
+
+
 class Health(str, enum.Enum):
     ALIVE = "alive"
     SUSPECT = "suspect"
@@ -35,6 +38,12 @@ class HeartbeatPolicy:
         if not 0 < self.interval_s < self.dead_after_s:
             raise ValueError(f"heartbeat interval_s={self.interval_s} must be > 0 and below dead_after_s="
                              f"{self.dead_after_s} (laminar.heartbeat.*); a usual pair is 1.0 and 5.0")
+
+    @property
+    def first_token_after_s(self) -> float:
+        # a replica not heard from yet (a replacement's first requests on a cold engine, or every replica after a
+        # pool restart) gets longer: a cold first forward at nice 19 on busy cores was seen to take over 10 s
+        return FIRST_TOKEN_FACTOR * self.dead_after_s
 
     @property
     def suspect_after_s(self) -> float:
@@ -58,11 +67,17 @@ def hung_replicas(busy_for_s: Mapping[int, float], silent_for_s: Mapping[int, fl
                   policy: HeartbeatPolicy) -> list[int]:
     """Replicas that hold requests and make no progress: busy without a break for at least ``dead_after_s``
     (``busy_for_s``: seconds since the replica last had no request in flight; absent: idle now) and no token
-    or new request of theirs reached the pool for as long (``silent_for_s``; absent: never). The token stream
-    is the heartbeat: a replica whose server answers calls while its engine is stuck is hung all the same, and
-    an idle replica streams nothing without being hung."""
-    return sorted(rid for rid, busy in busy_for_s.items()
-                  if busy >= policy.dead_after_s and silent_for_s.get(rid, float("inf")) >= policy.dead_after_s)
+    or new request of theirs reached the pool for as long (``silent_for_s``). A replica absent from
+    ``silent_for_s`` has not been heard from yet (a new replica, or any after a pool restart): it is hung only
+    once busy for ``first_token_after_s``. The token stream is the heartbeat: a replica whose server answers
+    calls while its engine is stuck is hung all the same, and an idle replica streams nothing without being
+    hung."""
+    def hung(rid: int, busy: float) -> bool:
+        if rid not in silent_for_s:
+            return busy >= policy.first_token_after_s
+        return busy >= policy.dead_after_s and silent_for_s[rid] >= policy.dead_after_s
+
+    return sorted(rid for rid, busy in busy_for_s.items() if hung(rid, busy))
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,6 @@ class PartialPool:
         self.recovered = 0
         self.torn_records = 0
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
-        self._started = time.monotonic()  # a replica unseen since this process started is silent since then
         if log_path is not None:
             if os.path.exists(log_path):
                 self._replay(log_path)
@@ -147,13 +146,12 @@ class PartialPool:
         return [t for t in self._entries.values() if t.replica_id == replica_id]
 
     def silence(self, replicas: Optional[Iterable[int]] = None) -> dict[int, float]:
-        """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica. For
-        ``replicas``: each of them, one this pool has not heard from since it (re)started being silent since the
-        start (after a restart nothing replayed is fresh, and its silence must not look like a hang)."""
+        """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica (of
+        ``replicas`` only, if given). A replica this pool process has not heard from is absent: a new replica, or
+        any after a restart (nothing replayed from the log is fresh); the hang watch gives those longer."""
         now = time.monotonic()
-        if replicas is None:
-            return {rid: now - t for rid, t in self._activity.items()}
-        return {int(r): now - self._activity.get(int(r), self._started) for r in replicas}
+        wanted = self._activity if replicas is None else [int(r) for r in replicas]
+        return {rid: now - self._activity[rid] for rid in wanted if rid in self._activity}
 
     def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
         """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in
