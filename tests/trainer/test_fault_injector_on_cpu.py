@@ -114,3 +114,21 @@ def test_pool_and_trainer_kills_signal_their_processes(fakes):
     inj.strike(2)
     assert fakes.signalled[0] == (4242, signal.SIGKILL)  # the pool's process
     assert fakes.signalled[1][1] == signal.SIGKILL and fakes.signalled[1][0] == tf.os.getpid()  # then the trainer
+
+
+def test_a_replica_that_dies_before_its_pids_are_found_is_no_target_and_the_trainer_goes_on(fakes, monkeypatch):
+    def pids(r):
+        if r.replica_id == 0:
+            raise RuntimeError("ActorDiedError: the replica was ended (release of a dead replica)")
+        return [100 + r.replica_id]
+
+    monkeypatch.setattr(runtime, "replica_pids", pids)
+    inj = _injector(fakes, "4:replica_kill")
+    inj.strike(4)  # does not raise
+    inj.land_armed()
+    assert fakes.killed == [(1, [101], False)]  # the one that could be struck
+    monkeypatch.setattr(runtime, "replica_pids", lambda r: (_ for _ in ()).throw(RuntimeError("gone")))
+    inj = _injector(fakes, "5:replica_kill")
+    inj.strike(5)  # every target gone: skipped, logged
+    inj.land_armed()
+    assert len(fakes.killed) == 1

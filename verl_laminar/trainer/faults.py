@@ -81,7 +81,18 @@ class FaultInjector:
             logger.error("laminar.fault_injection: %s: no live replica to strike (live: %s); skipped", fault.label(),
                          [r.replica_id for r in live])
             return
-        pids = {r.replica_id: runtime.replica_pids(r) for r in targets}
+        pids: dict[int, list] = {}
+        if fault.replica_fault != "garbage":  # a signal needs the PIDs ahead; a replica dying meanwhile is no target
+            for r in list(targets):
+                try:
+                    pids[r.replica_id] = runtime.replica_pids(r)
+                except Exception as e:  # noqa: BLE001 - the router has not marked it dead yet
+                    logger.warning("laminar.fault_injection: %s: replica %d is no target (%r)", fault.label(),
+                                   r.replica_id, e)
+                    targets.remove(r)
+            if not targets:
+                logger.error("laminar.fault_injection: %s: no live replica to strike; skipped", fault.label())
+                return
         now = threading.Event()
 
         def strike_when_busy() -> None:
@@ -106,11 +117,15 @@ class FaultInjector:
 
         from verl_laminar.trainer import runtime
 
-        if fault.replica_fault == "garbage":  # it goes on answering, wrongly: the clients' output check fences it
-            ray.get(replica.server.laminar_corrupt.remote())
-            logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
-        else:
-            runtime.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
+        try:
+            if fault.replica_fault == "garbage":  # it goes on answering, wrongly: the clients' output check fences it
+                ray.get(replica.server.laminar_corrupt.remote())
+                logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
+            else:
+                runtime.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
+        except Exception:  # noqa: BLE001 - it died meanwhile: the fault is skipped, never the trainer's end
+            logger.exception("laminar.fault_injection: %s on replica %d failed; skipped", fault.label(),
+                             replica.replica_id)
 
     def _live(self) -> list:
         import ray
