@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from verl_laminar import metrics as lm
 from verl_laminar.policy.faults import Fault
 
 _STAMP = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR):(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}):(.*)$")
@@ -32,9 +33,8 @@ SERVING = re.compile(r"^laminar: every replica loaded version (\d+)")
 RERUN = "running it again on the group's new replica"
 TOKENS = "perf/total_num_tokens"
 SPANS = "training/off_policy/trajectory_spans/max"
-FT_SUMS = ("laminar/ft/replica_failures", "laminar/ft/groups_moved", "laminar/ft/groups_lost",
-           "laminar/ft/pool_continued", "laminar/ft/pool_continued_tokens", "laminar/ft/hung_replicas",
-           "laminar/ft/replacements", "laminar/ft/replacements_failed")
+FT_SUMS = (lm.FT_REPLICA_FAILURES, lm.FT_GROUPS_MOVED, lm.FT_GROUPS_LOST, lm.FT_POOL_CONTINUED,
+           lm.FT_POOL_CONTINUED_TOKENS, lm.FT_HUNG_REPLICAS, lm.FT_REPLACEMENTS, lm.FT_REPLACEMENTS_FAILED)
 
 
 def stamped(text: str) -> list[tuple[float, str]]:
@@ -156,15 +156,15 @@ def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], ti
         "mixed_version_steps": mixed,
         # groups verl failed and refilled because no live replica served their version: their prompts were
         # replaced by new ones (the "lost"); moved groups went on, their requests from the pool or prompt
-        "lost_groups": ft["laminar/ft/groups_lost"],
-        "moved_groups": ft["laminar/ft/groups_moved"],
-        "continued_from_pool": ft["laminar/ft/pool_continued"],
-        "continued_tokens": ft["laminar/ft/pool_continued_tokens"],
+        "lost_groups": ft[lm.FT_GROUPS_LOST],
+        "moved_groups": ft[lm.FT_GROUPS_MOVED],
+        "continued_from_pool": ft[lm.FT_POOL_CONTINUED],
+        "continued_tokens": ft[lm.FT_POOL_CONTINUED_TOKENS],
         "rerun_from_prompt": sum(text.count(RERUN) for text in texts),
-        "replica_failures": ft["laminar/ft/replica_failures"],
-        "hung_replicas_found": ft["laminar/ft/hung_replicas"],
-        "replacements_joined": ft["laminar/ft/replacements"],
-        "replacements_failed": ft["laminar/ft/replacements_failed"],
+        "replica_failures": ft[lm.FT_REPLICA_FAILURES],
+        "hung_replicas_found": ft[lm.FT_HUNG_REPLICAS],
+        "replacements_joined": ft[lm.FT_REPLACEMENTS],
+        "replacements_failed": ft[lm.FT_REPLACEMENTS_FAILED],
         "trained_steps": reached,
         "after_over_before_median": statistics.median(ratios) if ratios else None,
         "effective_training_time_ratio": round(effective_ratio(times, t_start, t_end), 3),
