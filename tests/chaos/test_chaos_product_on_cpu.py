@@ -71,7 +71,7 @@ def test_the_report_reads_faults_recoveries_and_throughput_from_the_logs(tmp_pat
         rec.exit_code = 0 if i else -9
         launches.append({"t0": t0, "record": rec, "log": path})
     plan = [Fault(3, "replica_kill"), Fault(7, "trainer_kill")]
-    r = build_report(plan, 10, launches, tmp_path / "timeline.jsonl", T0, T0 + 290)
+    r = build_report(plan, 10, launches, T0, T0 + 290)
     assert r["faults_injected"] == 2 and r["completed"] and r["trained_steps"] == 10
     kill, trainer = r["faults"]
     assert (kill["kind"], kill["replica"], kill["replacement"]) == ("replica_kill", 1, 2)

@@ -95,9 +95,10 @@ def run(args: argparse.Namespace) -> dict:
             logger.error("launch %d failed without a trainer kill (exit %s); see %s", i, rec.exit_code,
                          out / f"launch{i}.log")
             break
-    timeline = out / "checkpoints" / "laminar_timeline.jsonl"
-    report = build_report(plan, steps, launches, timeline, t_start, time.time())
-    report["command"] = {"argv": cmd, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PY", "OUT")}}
+    report = build_report(plan, steps, launches, t_start, time.time())
+    # the recipe by its path in the repository: a result file names no path of the machine it ran on
+    argv = [str(RECIPE.relative_to(REPO)) if a == str(RECIPE) else a for a in cmd]
+    report["command"] = {"argv": argv, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PY", "OUT")}}
     return report
 
 

@@ -115,8 +115,7 @@ def effective_ratio(steps: Sequence[tuple[float, int, float, int]], t_start: flo
     return kept / (t_end - t_start) if t_end > t_start else 0.0
 
 
-def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], timeline: Path, t_start: float,
-                 t_end: float) -> dict:
+def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], t_start: float, t_end: float) -> dict:
     texts = [Path(launch["log"]).read_text(errors="replace") for launch in launches]
     events = sorted(e for text in texts for e in stamped(text))
     faults = fault_records(events)
@@ -172,5 +171,4 @@ def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], ti
         "tokens_generated_while_trainer_down": None,
         "not_measured": "tokens generated while the trainer is down: verl's TaskRunner creates the rollouts and they "
                         "die with it, so none are generated (docs/fleet_ownership.md)",
-        "timeline": str(timeline),
     }
