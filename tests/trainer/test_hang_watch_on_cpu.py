@@ -19,7 +19,7 @@ def test_the_rule_needs_both_a_long_busy_spell_and_a_long_silence():
     busy = {0: 6.0, 1: 6.0, 2: 1.0}
     silent = {0: 6.0, 1: 0.5, 2: 100.0}
     assert hung_replicas(busy, silent, POLICY) == [0]  # 1 streams, 2 only just took requests
-    # busy and not heard from yet (a new replica's cold first tokens, or any after a pool restart): hung only
+    # busy and no token streamed yet (a new replica's cold first tokens, or any after a pool restart): hung only
     # after first_token_after_s (3 x dead_after_s)
     assert POLICY.first_token_after_s == 15.0
     assert hung_replicas({3: 9.0}, {}, POLICY) == []
@@ -71,29 +71,38 @@ def test_a_replica_that_takes_requests_after_a_long_idle_is_given_dead_after_s()
 def test_the_pool_clocks_each_replicas_progress():
     pool = PartialPool()
     pool.open("a", "g", 0, [1], {}, replica_id=3)
-    time.sleep(0.05)
     pool.open("b", "g", 0, [1], {}, replica_id=4)
+    # requests opened, no token yet: a cold engine (a replacement's first forward) is not clocked, so the watch
+    # gives it the longer first-token deadline (a CI run killed a healthy replacement 10.6 s after its first
+    # requests opened, before its first token)
+    assert pool.silence() == {}
+    pool.append("a", 0, [5], [-0.1], offset=0)
+    time.sleep(0.05)
+    pool.append("b", 0, [5], [-0.1], offset=0)
     s = pool.silence()
     assert set(s) == {3, 4} and s[3] > s[4] >= 0.0
     time.sleep(0.05)
-    pool.append("a", 0, [5], [-0.1], offset=0)
+    pool.append("a", 0, [6], [-0.1], offset=1)
     s = pool.silence()
     assert s[3] < s[4]  # the chunk is replica 3's heartbeat
-    assert pool.streamed_on(3) == 1 and pool.streamed_on(4) == 0 and pool.streamed_on(3, min_tokens=2) == 0
+    pool.open("c", "g", 0, [1], {}, replica_id=4)
+    assert pool.silence()[4] < s[4]  # once streaming, a new request counts as progress too
+    assert pool.streamed_on(3) == 1 and pool.streamed_on(4) == 1 and pool.streamed_on(3, min_tokens=3) == 0
 
 
 def test_after_a_pool_restart_a_busy_replica_is_silent_only_since_the_restart(tmp_path):
     log = str(tmp_path / "pool.log")
     pool = PartialPool(log)
     pool.open("a", "g", 0, [1], {}, replica_id=3)
+    pool.append("a", 0, [4], [-0.1], offset=0)
     time.sleep(0.2)
     restarted = PartialPool(log)  # what Ray's restart does: a new process replays the log
-    # nothing of the replayed log counts as fresh: no replica is heard from yet, so the watch gives each the
+    # nothing of the replayed log counts as fresh: no replica has streamed a token yet, so the watch gives each the
     # longer first-token deadline instead of taking the restart's gap for a hang
     assert restarted.silence([3, 5]) == {}
     assert restarted.get("a").replica_id == 3  # the entry itself came back
     assert pool.silence([3])[3] >= 0.2 and pool.silence([5]) == {}
-    restarted.append("a", 0, [5], [-0.1], offset=0)
+    restarted.append("a", 0, [5], [-0.1], offset=1)
     assert set(restarted.silence([3, 5])) == {3}
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 
-FIRST_TOKEN_FACTOR = 3.0  # a replica not heard from yet is hung after this many dead_after_s of busy silence
+FIRST_TOKEN_FACTOR = 3.0  # a replica that streamed no token yet is hung after this many dead_after_s of busy silence
 
 
 class Health(str, enum.Enum):
@@ -41,8 +41,8 @@ class HeartbeatPolicy:
 
     @property
     def first_token_after_s(self) -> float:
-        # a replica not heard from yet (a replacement's first requests on a cold engine, or every replica after a
-        # pool restart) gets longer: a cold first forward at nice 19 on busy cores was seen to take over 10 s
+        # a replica that streamed no token yet (a replacement's first requests on a cold engine, or every replica
+        # after a pool restart) gets longer: a cold first forward at nice 19 on busy cores was seen to take over 10 s
         return FIRST_TOKEN_FACTOR * self.dead_after_s
 
     @property
@@ -68,7 +68,7 @@ def hung_replicas(busy_for_s: Mapping[int, float], silent_for_s: Mapping[int, fl
     """Replicas that hold requests and make no progress: busy without a break for at least ``dead_after_s``
     (``busy_for_s``: seconds since the replica last had no request in flight; absent: idle now) and no token
     or new request of theirs reached the pool for as long (``silent_for_s``). A replica absent from
-    ``silent_for_s`` has not been heard from yet (a new replica, or any after a pool restart): it is hung only
+    ``silent_for_s`` has streamed no token yet (a new replica, or any after a pool restart): it is hung only
     once busy for ``first_token_after_s``. The token stream is the heartbeat: a replica whose server answers
     calls while its engine is stuck is hung all the same, and an idle replica streams nothing without being
     hung."""

@@ -77,6 +77,9 @@ class PartialPool:
         self.recovered = 0
         self.torn_records = 0
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
+        # replicas that streamed a token to this process: until its first token a replica's engine may be cold (a
+        # replacement's first forward at nice 19), so opening requests alone does not start its heartbeat
+        self._streamed: set[int] = set()
         if log_path is not None:
             if os.path.exists(log_path):
                 self._replay(log_path)
@@ -147,11 +150,12 @@ class PartialPool:
 
     def silence(self, replicas: Optional[Iterable[int]] = None) -> dict[int, float]:
         """Seconds since each replica's last new entry or chunk here: the heartbeat of a streaming replica (of
-        ``replicas`` only, if given). A replica this pool process has not heard from is absent: a new replica, or
-        any after a restart (nothing replayed from the log is fresh); the hang watch gives those longer."""
+        ``replicas`` only, if given). A replica that has streamed no token to this pool process is absent: a new
+        replica whose requests opened but whose cold engine has not yet produced a token, or any replica after a
+        restart (nothing replayed from the log is fresh); the hang watch gives those longer."""
         now = time.monotonic()
         wanted = self._activity if replicas is None else [int(r) for r in replicas]
-        return {rid: now - self._activity[rid] for rid in wanted if rid in self._activity}
+        return {rid: now - self._activity[rid] for rid in wanted if rid in self._activity and rid in self._streamed}
 
     def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
         """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in
@@ -205,6 +209,8 @@ class PartialPool:
             rid = self._entries[key].replica_id
             if rid is not None:
                 self._activity[int(rid)] = time.monotonic()
+                if op == "append" and rec["tokens"]:
+                    self._streamed.add(int(rid))
         if not replaying and self._fd is not None:
             os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
             if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:

@@ -35,6 +35,7 @@ class HangWatch:
         self.policy, self._busy, self._silence, self._kill, self._clock = policy, busy, silence, kill, clock
         self._busy_since: dict[int, float] = {}
         self.hung: list[int] = []  # replicas this watch killed, in order
+        self._clocked: set[int] = set()  # replicas seen streaming
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -45,8 +46,13 @@ class HangWatch:
         # busy without a break since when (this clock): a replica that just took requests after idling has
         # a long pool silence but is not hung
         self._busy_since = {r: self._busy_since.get(r, now) for r in busy}
-        found = hung_replicas({r: now - t for r, t in self._busy_since.items()},
-                              {int(r): float(s) for r, s in self._silence(sorted(busy)).items()}, self.policy)
+        silence = {int(r): float(s) for r, s in self._silence(sorted(busy)).items()}
+        for rid in sorted(set(silence) - self._clocked):
+            # how long a replica's first tokens took (a cold engine): what first_token_after_s must cover
+            self._clocked.add(rid)
+            logger.info("laminar: replica %d streams: its first token within %.1f s of its requests", rid,
+                        now - self._busy_since[rid])
+        found = hung_replicas({r: now - t for r, t in self._busy_since.items()}, silence, self.policy)
         for rid in found:
             logger.error("laminar: replica %d is hung: requests in flight for %.1f s and nothing streamed for as "
                          "long (laminar.heartbeat.dead_after_s=%s); killing it so that its groups fail over", rid,
