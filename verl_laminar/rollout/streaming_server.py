@@ -24,6 +24,7 @@ tag (verl's own, or Laminar's with the pool off) stream nothing.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Optional
 
@@ -130,6 +131,11 @@ def corrupted(output: Any) -> Any:
     return output
 
 
+def abort_takes_internal(output_processor: Any) -> bool:
+    """Whether this vLLM's ``OutputProcessor.abort_requests`` takes ``internal`` (verl 0.9.1 calls it without)."""
+    return "internal" in inspect.signature(output_processor.abort_requests).parameters
+
+
 def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
     """A subclass of verl's ``vLLMHttpServer`` whose engine is a ``StreamingEngine`` (not yet ``ray.remote``)."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
@@ -154,6 +160,19 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
             self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy, int(self.replica_rank))
             logger.info("laminar: replica %s streams tagged requests to the partial-response pool %r",
                         self.replica_rank, name)
+
+        async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+            # verl 0.9.1 calls OutputProcessor.abort_requests([id]); newer vLLM also takes `internal`, and the
+            # TypeError left the engine core decoding every repacked request to its end. vLLM's own abort
+            # queues the final ABORT output (what ends the client's stream) and aborts in the engine core.
+            if self.node_rank != 0 or not abort_takes_internal(self.engine.output_processor):
+                return await super().abort_request(request_id, reset_prefix_cache)
+            if request_id not in self.engine.output_processor.request_states:
+                return {"aborted": False, "error": f"Request {request_id} not found"}
+            await self.engine.abort(request_id, internal=True)
+            if reset_prefix_cache:
+                await self.clear_kv_cache()
+            return {"aborted": True, "request_id": request_id}
 
         async def laminar_corrupt(self) -> None:
             """Fault injection (``laminar.fault_injection.replica_fault=garbage``): from now on every answer
