@@ -27,9 +27,9 @@ def _step(step: int, tokens: float, spans: int = 1) -> str:
 
 def test_the_plan_is_seeded_spaced_and_complete():
     counts = product.parse_counts(product.DEFAULT_FAULTS)
-    assert sum(counts.values()) == 10 and counts["replica_kill"] == 3 and counts["trainer_kill"] == 2
+    assert sum(counts.values()) == 11 and counts["replica_kill"] == 3 and counts["trainer_kill"] == 2
     a, b = product.plan_faults(counts, 0, 8), product.plan_faults(counts, 1, 8)
-    assert [f.step for f in a] == [3 + 8 * i for i in range(10)]
+    assert [f.step for f in a] == [3 + 8 * i for i in range(11)]
     assert sorted(f.kind for f in a) == sorted(f.kind for f in b) and a != b  # same faults, another order
     assert product.plan_faults(counts, 0, 8) == a
     with pytest.raises(ValueError, match="KIND=N"):

@@ -41,10 +41,13 @@ class _Router:
 
 class _Pool:
     def __init__(self) -> None:
-        self.streamed = {}
+        self.streamed, self.silent = {}, {}
 
     def streamed_on(self, rid, min_tokens):
         return self.streamed.get(rid, 0)
+
+    def silence(self, rids):
+        return {r: self.silent.get(r, 0.1) for r in rids}
 
 
 class _Server:
@@ -57,7 +60,7 @@ class _Server:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    monkeypatch.setattr(ray, "get", lambda x: x)
+    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
     killed, signalled = [], []
     monkeypatch.setattr(runtime, "replica_pids", lambda r: [100 + r.replica_id])
     monkeypatch.setattr(runtime, "kill_replica", lambda r, pids, hang=False: killed.append((r.replica_id, pids, hang)))
@@ -97,6 +100,22 @@ def test_an_armed_fault_strikes_at_the_next_step_at_the_latest_and_skips_dead_re
     inj.strike(3)
     inj.land_armed()  # the next step's end: it strikes now, on the only live replica
     assert fakes.killed == [(1, [101], False)]
+
+
+def test_a_replica_that_stopped_streaming_is_no_target(fakes):
+    # replica 0 holds work but has streamed nothing for 40 s (another fault stopped it, not yet failed over): the
+    # fault waits for a replica that streams (a chaos run aimed a garbage fault at a SIGSTOPped replica)
+    inj = _injector(fakes, "2:replica_garbage")
+    fakes.router.movable[0], fakes.pool.streamed[0], fakes.pool.silent[0] = 1, 2, 40.0
+    inj.strike(2)
+    time.sleep(0.1)
+    assert not fakes.servers[0].corrupt
+    fakes.router.movable[1], fakes.pool.streamed[1] = 1, 2
+    deadline = time.monotonic() + 5
+    while not fakes.servers[1].corrupt and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fakes.servers[1].corrupt and not fakes.servers[0].corrupt
+    inj.land_armed()
 
 
 def test_a_garbage_fault_corrupts_the_server_and_needs_the_pool(fakes):

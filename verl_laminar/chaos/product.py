@@ -38,8 +38,9 @@ logger = logging.getLogger("verl_laminar.chaos.product")
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cpu" / "run_laminar_grpo.sh"
-# 10 faults: the minimum (>= 3 replica SIGKILLs, >= 2 trainer SIGKILLs, the pool, a garbage replica)
-DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=3,trainer_kill=2"
+# 11 faults: the minimum of 10 (>= 3 replica SIGKILLs, >= 2 trainer SIGKILLs, the pool, a garbage replica)
+# and one more, so that one fault that finds no target still leaves 10 struck
+DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=4,trainer_kill=2"
 # a replacement replica takes ~80 s to start on 2 busy cores, ~7 steps of this workload: faults come further apart
 DEFAULT_GAP_STEPS = 8
 FIRST_STEP = 3  # after the warm-up steps

@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
 ARM_WAIT_S = 60.0  # an armed replica fault strikes anyway after this long without work on its replica
+# a target must have streamed within this long: a replica already stopped (another fault, not yet failed over) is
+# no target (a chaos run aimed its garbage fault at a SIGSTOPped replica, and the strike failed)
+STREAMING_WITHIN_S = 5.0
+CALL_TIMEOUT_S = 30.0  # a call to a replica that stops meanwhile must not hold the trainer (land_armed joins)
 
 
 class FaultInjector:
@@ -70,7 +74,9 @@ class FaultInjector:
         if self._pool is None:
             return ray.get(self._router.open_groups_on.remote(replica_id)) > 0
         return (ray.get(self._router.movable_groups_on.remote(replica_id)) > 0
-                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk)) >= 2)
+                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk)) >= 2
+                and ray.get(self._pool.silence.remote([replica_id])).get(replica_id, STREAMING_WITHIN_S)
+                < STREAMING_WITHIN_S)
 
     def _arm(self, fault: Fault) -> None:
         from verl_laminar.trainer import runtime
@@ -119,7 +125,7 @@ class FaultInjector:
 
         try:
             if fault.replica_fault == "garbage":  # it goes on answering, wrongly: the clients' output check fences it
-                ray.get(replica.server.laminar_corrupt.remote())
+                ray.get(replica.server.laminar_corrupt.remote(), timeout=CALL_TIMEOUT_S)
                 logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
             else:
                 runtime.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
