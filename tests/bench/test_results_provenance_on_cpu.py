@@ -91,6 +91,18 @@ def test_command_line_is_what_a_user_would_type():
         "python -m verl_laminar.sim --paper --out 'runs/a b'"
     assert provenance.command_line([], "verl_laminar.chaos") == "python -m verl_laminar.chaos"
     assert provenance.command_line(["--json"]) == f"{Path(sys.argv[0]).name} --json"
+    # no path of the machine it ran on: run folders become <path>, repository paths relative
+    assert provenance.command_line(["--out", "/tmp/x4/out", f"--results={REPO}/docs/results"], "m") == \
+        "python -m m --out '<path>' --results=docs/results"
+
+
+# an absolute path of a machine's file system (a result file records none: commands, logs, run folders)
+MACHINE_PATH = re.compile(r"(?<![\w.<])/(?:tmp|work|root|home|Users|private|var|mnt|scratch)/")
+
+
+def test_no_result_file_names_a_path_of_the_machine_it_ran_on():
+    found = {p.name: MACHINE_PATH.findall(p.read_text()) for p in _results()}
+    assert not {k: v for k, v in found.items() if v}, found
 
 
 def _git(repo: Path, *args: str) -> None:

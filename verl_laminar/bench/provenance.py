@@ -59,9 +59,27 @@ def git_commit(repo: Path = REPO) -> str:
     return head + ("-dirty" if dirty else "")
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def portable_arg(arg: str, repo: Path = REPO_ROOT) -> str:
+    """An argument as a result file may record it: a path inside the repository relative to it, any other
+    absolute path (a run folder of the machine it ran on) as ``<path>``; ``--opt=/x`` likewise."""
+    if arg.startswith("--") and "=" in arg:
+        opt, _, value = arg.partition("=")
+        return f"{opt}={portable_arg(value, repo)}"
+    if not arg.startswith("/"):
+        return arg
+    try:
+        return str(Path(arg).resolve().relative_to(repo))
+    except ValueError:
+        return "<path>"
+
+
 def command_line(argv: Optional[Sequence[str]] = None, module: Optional[str] = None) -> str:
-    """The command as a user would type it: ``python -m <module> <args>`` when run as a module."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """The command as a user would type it: ``python -m <module> <args>`` when run as a module; no path of the
+    machine it ran on (``portable_arg``)."""
+    args = [portable_arg(a) for a in (sys.argv[1:] if argv is None else argv)]
     head = ["python", "-m", module] if module else [Path(sys.argv[0]).name]
     return shlex.join(head + args)
 
