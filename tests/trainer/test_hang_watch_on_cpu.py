@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas
+from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas, unanswered_replicas
 from verl_laminar.pool.partial import PartialPool
-from verl_laminar.trainer.hang import HangWatch
+from verl_laminar.trainer.hang import HangWatch, PingProbe
 
 POLICY = HeartbeatPolicy(interval_s=1.0, dead_after_s=5.0)
 
@@ -129,3 +129,44 @@ def test_replica_fault_is_checked():
     assert FaultInjectionConfig(replica_fault="hang").replica_fault == "hang"
     with pytest.raises(ValueError, match="replica_fault"):
         FaultInjectionConfig(replica_fault="freeze")
+
+
+def test_an_idle_replica_whose_server_leaves_a_ping_unanswered_is_hung():
+    # stopped between two batches, a replica holds no request, so its silence says nothing (a chaos run's SIGSTOP
+    # landed there and was found only by the refresh's 120 s load deadline); its server's ping never comes back
+    assert POLICY.ping_after_s == 15.0
+    assert unanswered_replicas({0: 14.9, 1: 15.0, 2: 0.0}, POLICY) == [1]
+
+
+def test_the_probe_sends_one_ping_at_a_time_and_clocks_the_unanswered_one():
+    clock, sent, answered = Clock(), [], set()
+
+    def send(rid):
+        sent.append(rid)
+        return (rid, len(sent))  # a future stand-in
+
+    probe = PingProbe(send, ready=lambda refs: {r for r in refs if r[0] in answered}, clock=clock)
+    assert probe([0, 1]) == {0: 0.0, 1: 0.0} and sent == [0, 1]
+    clock.t = 4.0
+    answered.add(0)  # 0 answers; 1 (stopped) never does
+    assert probe([0, 1]) == {0: 0.0, 1: 4.0} and sent == [0, 1, 0]  # a new ping to 0 only
+    clock.t = 20.0
+    assert probe([0, 1]) == {0: 0.0, 1: 20.0}
+
+
+def test_the_watch_kills_an_idle_replica_that_does_not_answer_and_leaves_the_busy_and_the_answering_ones():
+    clock, killed = Clock(), []
+    waits = {0: 0.0, 1: 0.0}
+    asked = []
+
+    def ping_waits(idle):
+        asked.append(list(idle))
+        return {r: waits[r] for r in idle}
+
+    watch = HangWatch(POLICY, lambda: [2], lambda busy: {r: 0.1 for r in busy}, killed.append, clock,
+                      live=lambda: [0, 1, 2], ping_waits=ping_waits)
+    assert watch.check() == [] and asked == [[0, 1]]  # the busy replica is judged by its stream, not pinged
+    waits[1] = 16.0
+    clock.t = 16.0
+    assert watch.check() == [1] and killed == [1]
+    assert watch.check() == [] and killed == [1] and asked[-1] == [0]  # killed once, not pinged again

@@ -46,6 +46,12 @@ class HeartbeatPolicy:
         return FIRST_TOKEN_FACTOR * self.dead_after_s
 
     @property
+    def ping_after_s(self) -> float:
+        # an idle replica's server answers a ping from its event loop; at nice 19 on busy cores it may wait for the
+        # scheduler, so a stopped process is told from a slow one only after as long as a cold first token
+        return FIRST_TOKEN_FACTOR * self.dead_after_s
+
+    @property
     def suspect_after_s(self) -> float:
         # two missed beats: one late beat on a loaded host is normal
         return min(2.0 * self.interval_s, self.dead_after_s)
@@ -78,6 +84,12 @@ def hung_replicas(busy_for_s: Mapping[int, float], silent_for_s: Mapping[int, fl
         return busy >= policy.dead_after_s and silent_for_s[rid] >= policy.dead_after_s
 
     return sorted(rid for rid, busy in busy_for_s.items() if hung(rid, busy))
+
+
+def unanswered_replicas(ping_waits_s: Mapping[int, float], policy: HeartbeatPolicy) -> list[int]:
+    """Idle replicas whose server has left a ping unanswered for ``ping_after_s``: stopped between batches (a
+    hung replica with no request in flight streams nothing, so the silence rule above cannot see it)."""
+    return sorted(rid for rid, wait in ping_waits_s.items() if wait >= policy.ping_after_s)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas
+from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas, unanswered_replicas
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
@@ -27,12 +27,16 @@ logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
 class HangWatch:
     """``busy()``: the replicas with requests in flight (the router's ``busy_replicas``); ``silence(replicas)``:
-    seconds since each of them last made progress (the pool's); ``kill(replica_id)``: end it. Pure of Ray: the
-    trainer passes the calls."""
+    seconds since each of them last made progress (the pool's); ``kill(replica_id)``: end it. Idle replicas are
+    pinged: ``live()`` gives the live ones, ``ping_waits(idle)`` how long each one's unanswered ping has waited
+    (``PingProbe``). Pure of Ray: the trainer passes the calls."""
 
     def __init__(self, policy: HeartbeatPolicy, busy: Callable[[], list], silence: Callable[[list], dict],
-                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic) -> None:
+                 kill: Callable[[int], None], clock: Callable[[], float] = time.monotonic,
+                 live: Optional[Callable[[], list]] = None,
+                 ping_waits: Optional[Callable[[list], dict]] = None) -> None:
         self.policy, self._busy, self._silence, self._kill, self._clock = policy, busy, silence, kill, clock
+        self._live, self._ping_waits = live, ping_waits
         self._busy_since: dict[int, float] = {}
         self.hung: list[int] = []  # replicas this watch killed, in order
         self._clocked: set[int] = set()  # replicas seen streaming
@@ -57,10 +61,22 @@ class HangWatch:
             logger.error("laminar: replica %d is hung: requests in flight for %.1f s and nothing streamed for as "
                          "long (laminar.heartbeat.dead_after_s=%s); killing it so that its groups fail over", rid,
                          now - self._busy_since[rid], self.policy.dead_after_s)
-            self.hung.append(rid)
-            self._busy_since.pop(rid, None)
-            self._kill(rid)
+            self._end(rid)
+        if self._live is not None and self._ping_waits is not None:
+            idle = sorted(set(int(r) for r in self._live()) - busy - set(self.hung))
+            waits = self._ping_waits(idle)
+            for rid in unanswered_replicas(waits, self.policy):
+                logger.error("laminar: replica %d is hung: idle, and its server has not answered a ping for %.1f s "
+                             "(%.0f x laminar.heartbeat.dead_after_s); killing it so that it is replaced", rid,
+                             waits[rid], self.policy.ping_after_s / self.policy.dead_after_s)
+                self._end(rid)
+                found.append(rid)
         return found
+
+    def _end(self, rid: int) -> None:
+        self.hung.append(rid)
+        self._busy_since.pop(rid, None)
+        self._kill(rid)
 
     def _run(self) -> None:
         while not self._stop.wait(self.policy.interval_s):
@@ -79,6 +95,36 @@ class HangWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.policy.interval_s + 5.0)
+
+
+class PingProbe:
+    """Pings without blocking the watch: ``ping_waits(replicas)`` sends a ping to each replica that has none out and
+    returns how long each one's outstanding ping has waited (0 for one just sent). ``send(rid)``: a future (Ray's
+    ``__ray_ready__`` of the replica's server, as the router's probe; a stopped process never answers it);
+    ``ready(futures)``: those answered (or failed: a dead replica
+    is the router's to handle, not a hang)."""
+
+    def __init__(self, send: Callable[[int], Any], ready: Optional[Callable[[list], set]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._send, self._ready, self._clock = send, ready or _ray_ready, clock
+        self._out: dict[int, tuple[Any, float]] = {}
+
+    def __call__(self, replicas: list) -> dict[int, float]:
+        now = self._clock()
+        if self._out:
+            done = self._ready([ref for ref, _ in self._out.values()])
+            self._out = {rid: (ref, t) for rid, (ref, t) in self._out.items() if ref not in done}
+        for rid in replicas:
+            if rid not in self._out:
+                self._out[rid] = (self._send(rid), now)
+        return {rid: now - self._out[rid][1] for rid in replicas}
+
+
+def _ray_ready(refs: list) -> set:
+    import ray
+
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return set(ready)
 
 
 def _started(pid: int) -> Optional[float]:
@@ -101,6 +147,12 @@ class ReplicaKiller:
         self._roots: dict[int, list[int]] = {}
         for r in replicas:
             self.track(r)
+
+    def tracked(self) -> list[int]:
+        return sorted(self._by_id)
+
+    def server(self, rid: int) -> Any:
+        return self._by_id[rid].server
 
     def track(self, replica: Any) -> None:
         from verl_laminar.trainer import runtime
@@ -132,8 +184,14 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, killer: ReplicaKiller
     import ray
 
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
+    def live() -> list:
+        dead = set(ray.get(router.dead_replicas.remote()))
+        return [rid for rid in killer.tracked() if rid not in dead]
+
     watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda busy: ray.get(pool.silence.remote(busy)),
-                      lambda rid: killer.kill(rid, "laminar hang watch"))
-    logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s is killed)",
-                policy.dead_after_s)
+                      lambda rid: killer.kill(rid, "laminar hang watch"), live=live,
+                      ping_waits=PingProbe(lambda rid: killer.server(rid).__ray_ready__.remote()))
+    logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s, or an idle one "
+                "whose server leaves a ping unanswered for %.1f s, is killed)", policy.dead_after_s,
+                policy.ping_after_s)
     return watch.start()
