@@ -101,8 +101,7 @@ class PingProbe:
     """Pings without blocking the watch: ``ping_waits(replicas)`` sends a ping to each replica that has none out and
     returns how long each one's outstanding ping has waited (0 for one just sent). ``send(rid)``: a future (Ray's
     ``__ray_ready__`` of the replica's server, as the router's probe; a stopped process never answers it);
-    ``ready(futures)``: those answered (or failed: a dead replica
-    is the router's to handle, not a hang)."""
+    ``ready(futures)``: those answered, or failed (a dead replica is the router's to handle, not a hang)."""
 
     def __init__(self, send: Callable[[int], Any], ready: Optional[Callable[[list], set]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -184,6 +183,7 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, killer: ReplicaKiller
     import ray
 
     policy = HeartbeatPolicy(laminar.heartbeat.interval_s, laminar.heartbeat.dead_after_s)
+
     def live() -> list:
         dead = set(ray.get(router.dead_replicas.remote()))
         return [rid for rid in killer.tracked() if rid not in dead]
