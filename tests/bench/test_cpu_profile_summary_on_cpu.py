@@ -16,8 +16,8 @@ def _raw(rounds: int, solo_decode: list[float], solo_train: list[float]) -> dict
                 # a co-run window is twice its round's solo window
                 recs[m] = {"step_s": solo_decode[r] * (1 if phase == "decode_1" else 2)}
             else:
-                recs[m] = {"s_per_token": solo_train[r] * (1 if phase in ("train_1", "fwd_1", "train_2", "fwd_2")
-                                                            else 1.5)}
+                solo = phase in ("train_1", "fwd_1", "train_2", "fwd_2") or phase.endswith("_long")
+                recs[m] = {"s_per_token": solo_train[r] * (1 if solo else 1.5) * (3 if phase.endswith("_long") else 1)}
         raw[label] = recs
     return raw
 
@@ -35,4 +35,6 @@ def test_slowdowns_are_paired_within_a_round_so_drift_cancels():
     assert prof["decode_slowdown"]["2"] == 2.0 and prof["decode_slowdown"]["4"] == 2.0
     assert prof["train_slowdown"]["2"] == 1.5
     assert prof["train_s_per_token"]["1"] == 0.0024  # the median solo window
+    assert abs(prof["train_s_per_token_long"]["2"] - 0.0072) < 1e-12  # at the padded length, its own window
+    assert prof["train_settings"]["long_seq_tokens"] == 2048
     assert prof["rounds"] == 3 and prof["per_round"]["decode_1"] == [0.01, 0.016, 0.012]

@@ -14,7 +14,11 @@ fixed window in which the named workers loop and the others sleep:
   slowdowns of a decode step;
 - ``train_1`` / ``train_1_decode_1`` / ``train_1_decode_2``: one trainer rank's update (forward, backward,
   AdamW) alone, beside one and beside two decoding engines; ``train_2``: two ranks over gloo (gradients
-  all-reduced, as FSDP reduce-scatters them), alone; ``fwd_1`` / ``fwd_2``: the forward-only log-prob pass.
+  all-reduced, as FSDP reduce-scatters them), alone; ``fwd_1`` / ``fwd_2``: the forward-only log-prob pass;
+- ``*_long``: the same four solo windows on sequences of ``LONG_SEQ_TOKENS``. verl's trainer on CPU computes over
+  padded sequences (its agent loop pads every prompt and response to their maximum lengths, and the CPU config
+  turns remove-padding off: no flash-attn), so a step's cost is that of its sequences at the padded length, where
+  attention makes a token dearer than at 512; the simulator interpolates the cost per token between the two.
 
 Nothing here is fitted to an end-to-end run: the simulator predicts the end-to-end benchmarks from these.
 """
@@ -45,6 +49,7 @@ DECODE_BATCHES = (1, 2, 4, 8)
 CORUN_BATCH = 4  # a replica's share of the paper workload's 8 trajectories over 2 replicas
 LONG_PROMPT = 1024  # the second context length of the decode profile; the paper workload reaches ~2K
 TRAIN_SEQ_TOKENS = 512  # a prompt plus a mean-length response of the paper workload is ~420 tokens
+LONG_SEQ_TOKENS = 2048  # the paper workload padded: a 128-token prompt plus its 1,900-token response cap
 TRAIN_SEQS = 8  # the paper workload trains 8 trajectories per step
 TRAIN_MICRO = 2  # its micro-batch per rank
 MIN_UPDATES = 3  # a trainer phase measures at least this many updates (the median is reported)
@@ -61,6 +66,10 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("train_1_decode_2", ("t0", "e0", "e1")),
     ("train_2", ("t0", "t1")),
     ("fwd_2", ("t0", "t1")),
+    ("train_1_long", ("t0",)),
+    ("fwd_1_long", ("t0",)),
+    ("train_2_long", ("t0", "t1")),
+    ("fwd_2_long", ("t0", "t1")),
 )
 
 
@@ -77,8 +86,8 @@ def schedule(rounds: int) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 # phases whose name says what the engines or trainers do there
-_TRAIN_PHASES = {"train_1", "train_1_decode_1", "train_1_decode_2", "train_2"}
-_FWD_PHASES = {"fwd_1", "fwd_2"}
+_FWD_PHASES = {"fwd_1", "fwd_2", "fwd_1_long", "fwd_2_long"}
+_TWO_RANK_PHASES = {"train_2", "fwd_2", "train_2_long", "fwd_2_long"}
 
 
 def _prompt(n: int) -> dict:
@@ -199,9 +208,10 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, model.config.vocab_size, (TRAIN_SEQS, TRAIN_SEQ_TOKENS), generator=g)
+    long_ids = torch.randint(0, model.config.vocab_size, (TRAIN_SEQS, LONG_SEQ_TOKENS), generator=g)
 
-    def update(world: int, backward: bool) -> int:
-        mine = ids[rank::world] if world > 1 else ids
+    def update(world: int, backward: bool, seqs: Any = ids) -> int:
+        mine = seqs[rank::world] if world > 1 else seqs
         for i in range(0, len(mine), TRAIN_MICRO):
             mb = mine[i:i + TRAIN_MICRO]
             with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(backward):
@@ -227,8 +237,9 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
         barrier.wait()
         if name not in members:
             continue
-        world = 2 if phase in ("train_2", "fwd_2") else 1
+        world = 2 if phase in _TWO_RANK_PHASES else 1
         backward = phase not in _FWD_PHASES
+        seqs = long_ids if phase.endswith("_long") else ids
         lead = _lead(members) == name
         tokens, n, t0, per = 0, 0, time.perf_counter(), []
         # at least MIN_UPDATES updates: one update is ~10 s here, and one alone was seen to vary 2x
@@ -239,7 +250,7 @@ def _train_worker(name: str, rank: int, model_dir: str, window_s: float, port: i
 
         while more():
             a = time.perf_counter()
-            k = update(world, backward)
+            k = update(world, backward, seqs)
             per.append((time.perf_counter() - a) / k)
             tokens += k
             n += 1
@@ -340,10 +351,15 @@ def summarize(raw: dict) -> dict:
                             "2_with_trainer": dec("train_1_decode_1")},
         "train_s_per_token": {"1": solo("train_1", "t0", "s_per_token"), "2": solo("train_2", "t0", "s_per_token")},
         "forward_s_per_token": {"1": solo("fwd_1", "t0", "s_per_token"), "2": solo("fwd_2", "t0", "s_per_token")},
+        # the same at LONG_SEQ_TOKENS per sequence (verl's padded length on CPU)
+        "train_s_per_token_long": {"1": solo("train_1_long", "t0", "s_per_token"),
+                                   "2": solo("train_2_long", "t0", "s_per_token")},
+        "forward_s_per_token_long": {"1": solo("fwd_1_long", "t0", "s_per_token"),
+                                     "2": solo("fwd_2_long", "t0", "s_per_token")},
         "train_slowdown": {"1": 1.0, "2": tr("train_1_decode_1"), "3": tr("train_1_decode_2")},
         # every round's value of each window, so the run-to-run spread is on record beside the medians
         "per_round": spread,
-        "train_settings": {"seq_tokens": TRAIN_SEQ_TOKENS, "seqs": TRAIN_SEQS, "micro_batch": TRAIN_MICRO,
+        "train_settings": {"seq_tokens": TRAIN_SEQ_TOKENS, "long_seq_tokens": LONG_SEQ_TOKENS, "seqs": TRAIN_SEQS, "micro_batch": TRAIN_MICRO,
                            "threads_per_rank": 1, "dtype": "float32 + bf16 autocast"},
         "engine_settings": {"dtype": "bfloat16", "kv_cache_bytes": ENGINE_KV_BYTES, "max_num_seqs": ENGINE_MAX_SEQS,
                             "enforce_eager": True},

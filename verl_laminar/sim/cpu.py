@@ -8,7 +8,8 @@ parts:
 
 - solo costs: a decode step as ``a + c*n + e*C`` (n sequences, C tokens of context; least squares over the
   measured batches and contexts), prefill per prompt token, a trainer update and a forward-only log-prob
-  pass per token at 1 and 2 ranks, a weight load into a running engine, the hand-off to the master relay;
+  pass per token at 1 and 2 ranks and at two sequence lengths, a weight load into a running engine, the hand-off
+  to the master relay;
 - co-run slowdowns: how much slower a decode step and a trainer update run beside k other busy processes,
   each the ratio of two measured windows (``decode_slowdown`` / ``train_slowdown`` in the profile JSON).
 
@@ -48,6 +49,15 @@ class CpuProfile:
     # (busy engines, busy trainer ranks) -> factor, measured; anything else extrapolated (``_factor``)
     decode_slowdown: tuple[tuple[tuple[int, int], float], ...]
     train_slowdown: tuple[tuple[tuple[int, int], float], ...]
+    # the same per token on sequences of long_seq_tokens (None: a profile measured at seq_tokens only)
+    train_s_per_token_long: Optional[tuple[tuple[int, float], ...]] = None
+    forward_s_per_token_long: Optional[tuple[tuple[int, float], ...]] = None
+    seq_tokens: int = 512
+    long_seq_tokens: Optional[int] = None
+    # verl's trainer on CPU pads every sequence to prompt_length + response_length (its agent loop pads; the CPU
+    # config turns remove-padding off), so a step costs (sequences x padded_len) tokens at that length; None:
+    # the step's real tokens at seq_tokens
+    padded_len: Optional[int] = None
     kv_capacity: int = 262144  # 256 MiB / (4 layers x 2 x 1 KV head x 64 x 2 bytes) = 262,144 tokens
     max_seqs: int = 32  # recipes/cpu/common.sh rollout.max_num_seqs
     repack_batch: int = 16
@@ -59,12 +69,26 @@ class CpuProfile:
         return ModelShape("cpu-fixture", params=self.weight_bytes / 2, layers=FIXTURE_LAYERS, hidden=128, heads=2,
                           kv_heads=FIXTURE_KV_HEADS, head_dim=FIXTURE_HEAD_DIM, vocab=self.vocab)
 
-    def train_seconds(self, tokens: float, ranks: int, log_prob_pass: bool = False) -> float:
-        """Solo seconds of one training step over ``tokens`` tokens (plus the old-log-prob pass if asked)."""
-        s = _per_rank(self.train_s_per_token, ranks) * tokens
+    def train_seconds(self, tokens: float, ranks: int, log_prob_pass: bool = False,
+                      seqs: Optional[int] = None) -> float:
+        """Solo seconds of one training step over ``tokens`` tokens (plus the old-log-prob pass if asked). With
+        ``padded_len`` and the step's ``seqs``, what verl computes: every sequence at the padded length."""
+        length = self.seq_tokens
+        if self.padded_len is not None and seqs:
+            tokens, length = float(seqs * self.padded_len), self.padded_len
+        s = self._per_token(self.train_s_per_token, self.train_s_per_token_long, ranks, length) * tokens
         if log_prob_pass:
-            s += _per_rank(self.forward_s_per_token, ranks) * tokens
+            s += self._per_token(self.forward_s_per_token, self.forward_s_per_token_long, ranks, length) * tokens
         return s
+
+    def _per_token(self, short: tuple, long: Optional[tuple], ranks: int, length: int) -> float:
+        """The measured cost per token at ``length``: linear in the length between (and beyond) the two measured
+        lengths, as attention's share of a token's cost grows with its context."""
+        s = _per_rank(short, ranks)
+        if long is None or self.long_seq_tokens is None or length == self.seq_tokens:
+            return s
+        slope = (_per_rank(long, ranks) - s) / (self.long_seq_tokens - self.seq_tokens)
+        return max(s + slope * (length - self.seq_tokens), 0.0)
 
     def decode_factor(self, engines: int, trainers: int) -> float:
         return _factor(self.decode_slowdown, engines, trainers, engines >= 1)
@@ -133,6 +157,9 @@ def load_profile(path: str | Path, relay_result: Optional[str | Path] = None) ->
     if "4" in ds:
         decode_sd.append(((4, 0), ds["4"]))
     train_sd = [((0, 1), 1.0), ((1, 1), ts["2"]), ((2, 1), ts["3"])]
+    settings = prof.get("train_settings") or {}
+    long_tables = {k: tuple((int(r), float(v)) for r, v in prof[k].items())
+                   for k in ("train_s_per_token_long", "forward_s_per_token_long") if k in prof}
     src = Path(path)
     # B as the runtime derives it on CPU (max_batch_b: null): where the profile's compute slope catches up
     short = min(prof["decode_step_s"], key=float)
@@ -149,6 +176,9 @@ def load_profile(path: str | Path, relay_result: Optional[str | Path] = None) ->
         decode_slowdown=tuple(decode_sd),
         train_slowdown=tuple(train_sd),
         repack_batch=repack_batch,
+        seq_tokens=int(settings.get("seq_tokens", 512)),
+        long_seq_tokens=int(settings["long_seq_tokens"]) if long_tables and "long_seq_tokens" in settings else None,
+        **long_tables,
         **({"vocab": int(vocab)} if vocab else {}),
     )
 

@@ -42,6 +42,9 @@ E2E_PATTERN = "bench_e2e*_paper_*.json"  # bench.e2e --results under any --name
 E2E_SYSTEMS = {"laminar": "laminar", "sync": "sync", "sync_bypass": "sync_bypass", "separate_async": "separate_async"}
 # recipes/cpu/run_laminar_grpo.sh: repack on, a round every REPACK_INTERVAL (default 1.0) s
 E2E_REPACK_INTERVAL_S = 1.0
+# data.max_prompt_length of the CPU recipes' math task (recipes/cpu/common.sh): with the response cap, the length
+# verl pads every trained sequence to on CPU (``CpuProfile.padded_len``)
+CPU_RECIPE_MAX_PROMPT = 128
 # a repack on CPU aborts the source's requests and resubmits them on the target (policy.migration); when no
 # repack benchmark file gives its measured duration, this -- assumption
 DEFAULT_REPACK_PAUSE_S = 0.05
@@ -110,7 +113,12 @@ def e2e_params(profile: CpuProfile, e2e: dict, prompt: float, repack_pause_s: fl
                      sync_steps=steps, pipeline_steps=steps, pipeline_warmup=1, async_steps=steps, async_warmup=1)
     # KV, batch cap and C_max are the engine's (the profile's); the event grid is finer than the GPU's
     inf = Inference(event_quantum_tokens=1.0)
-    return SimParams(inference=inf, schedule=sched, tasks=(task,), cpu=profile)
+    return SimParams(inference=inf, schedule=sched, tasks=(task,), cpu=padded(profile, e2e))
+
+
+def padded(profile: CpuProfile, e2e: dict) -> CpuProfile:
+    """The profile as verl's CPU trainer spends it on this benchmark: every sequence at its padded length."""
+    return dataclasses.replace(profile, padded_len=CPU_RECIPE_MAX_PROMPT + int(e2e["workload"]["max_response_tokens"]))
 
 
 def laminar_groups_per_batch(placement: dict) -> Optional[int]:
@@ -163,14 +171,17 @@ def component_check(profile: CpuProfile, e2e: dict, mode: str) -> dict:
     lo, hi = run["window_steps"]
     tokens = float(run["trained_tokens"]) / max(1, hi - lo + 1)
     ranks = int(run["placement"]["trainer_ranks"])
+    w = e2e["workload"]
+    seqs = int(w["prompts_per_step"]) * int(w["responses_per_prompt"])
+    profile = padded(profile, e2e)
     m = run.get("mean_per_step_s", {})
     out = {"tokens_per_step": round(tokens, 1), "trainer_ranks": ranks,
            "update_s": {"measured": m.get("timing_s/update_actor"),
-                        "profile_solo": round(profile.train_seconds(tokens, ranks), 3)}}
+                        "profile_solo": round(profile.train_seconds(tokens, ranks, seqs=seqs), 3)}}
     if m.get("timing_s/old_log_prob", 0.0) > 0.1:
         out["old_log_prob_s"] = {"measured": m["timing_s/old_log_prob"],
-                                 "profile_solo": round(profile.train_seconds(tokens, ranks, True)
-                                                       - profile.train_seconds(tokens, ranks), 3)}
+                                 "profile_solo": round(profile.train_seconds(tokens, ranks, True, seqs)
+                                                       - profile.train_seconds(tokens, ranks, seqs=seqs), 3)}
     if "timing_s/update_weights" in m:
         out["update_weights_s"] = {"measured": m["timing_s/update_weights"], "profile_solo": profile.weight_load_s}
     if mode == "laminar":
