@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -102,3 +103,28 @@ def test_validation_pairs_a_profile_with_the_benchmark_of_its_fixture(tmp_path):
         {"machine": machine, "date": "2026-12-03", "workload": {"model": {"fixture": "tiny-bpe"}}}))
     got = same_machine(tmp_path / "cpu_profile_2026-12-03.json", "bench_e2e_paper_*.json", tmp_path)
     assert got.name == "bench_e2e_paper_2026-12-03.json"
+
+
+def test_the_padded_length_is_the_prompt_plus_a_batchs_longest_response():
+    from verl_laminar.sim.lengths import Empirical
+
+    assert v.batch_padded_len(Empirical.of([300] * 10), 90, 8) == 390  # every response equal
+    skewed = Empirical.of([100] * 9 + [1900])
+    one, eight = v.batch_padded_len(skewed, 90, 1), v.batch_padded_len(skewed, 90, 8)
+    # one sequence pads to itself (the mean); a batch of eight to its longest, far more often the tail
+    assert abs(one - (90 + 280)) <= 20 and 90 + 1900 * 0.5 < eight < 90 + 1900
+
+
+def test_a_cpu_profile_prices_a_step_at_its_padded_length_between_its_two_measured_lengths():
+    from verl_laminar.sim.cpu import CpuProfile
+    from verl_laminar.policy.roofline import DecodeCost
+
+    prof = CpuProfile(source="t", decode=DecodeCost(fixed=1e-3, mem0=0, mem1=0, flop_per_seq=0, flop1=0, per_seq=0),
+                      prefill_s_per_token=0, weight_load_s=0, weight_bytes=4_000_000, publish_s=0,
+                      train_s_per_token=((1, 1e-4),), forward_s_per_token=((1, 1e-5),), decode_slowdown=((((1, 0), 1.0)),),
+                      train_slowdown=((((0, 1), 1.0)),), train_s_per_token_long=((1, 4e-4),),
+                      forward_s_per_token_long=((1, 4e-5),), seq_tokens=512, long_seq_tokens=2048, vocab=512)
+    assert prof.train_seconds(1000, 1) == pytest.approx(0.1)  # no padding known: real tokens at 512
+    padded = dataclasses.replace(prof, padded_len=1280)  # halfway between 512 and 2048
+    assert padded.train_seconds(1000, 1, seqs=8) == pytest.approx(8 * 1280 * 2.5e-4)
+    assert padded.train_seconds(1000, 1, True, seqs=8) == pytest.approx(8 * 1280 * (2.5e-4 + 2.5e-5))

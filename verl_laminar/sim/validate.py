@@ -21,6 +21,8 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from verl_laminar import metrics as lm
 from verl_laminar.policy.lengths import SkewedLengths
 from verl_laminar.sim.cpu import CpuProfile, fit_decode, load_profile
@@ -42,9 +44,8 @@ E2E_PATTERN = "bench_e2e*_paper_*.json"  # bench.e2e --results under any --name
 E2E_SYSTEMS = {"laminar": "laminar", "sync": "sync", "sync_bypass": "sync_bypass", "separate_async": "separate_async"}
 # recipes/cpu/run_laminar_grpo.sh: repack on, a round every REPACK_INTERVAL (default 1.0) s
 E2E_REPACK_INTERVAL_S = 1.0
-# data.max_prompt_length of the CPU recipes' math task (recipes/cpu/common.sh): with the response cap, the length
-# verl pads every trained sequence to on CPU (``CpuProfile.padded_len``)
-CPU_RECIPE_MAX_PROMPT = 128
+# the batches whose longest response is averaged for the padded length (``batch_padded_len``)
+PADDED_LEN_DRAWS = 4096
 # a repack on CPU aborts the source's requests and resubmits them on the target (policy.migration); when no
 # repack benchmark file gives its measured duration, this -- assumption
 DEFAULT_REPACK_PAUSE_S = 0.05
@@ -113,12 +114,22 @@ def e2e_params(profile: CpuProfile, e2e: dict, prompt: float, repack_pause_s: fl
                      sync_steps=steps, pipeline_steps=steps, pipeline_warmup=1, async_steps=steps, async_warmup=1)
     # KV, batch cap and C_max are the engine's (the profile's); the event grid is finer than the GPU's
     inf = Inference(event_quantum_tokens=1.0)
-    return SimParams(inference=inf, schedule=sched, tasks=(task,), cpu=padded(profile, e2e))
+    return SimParams(inference=inf, schedule=sched, tasks=(task,), cpu=padded(profile, e2e, prompt))
 
 
-def padded(profile: CpuProfile, e2e: dict) -> CpuProfile:
-    """The profile as verl's CPU trainer spends it on this benchmark: every sequence at its padded length."""
-    return dataclasses.replace(profile, padded_len=CPU_RECIPE_MAX_PROMPT + int(e2e["workload"]["max_response_tokens"]))
+def batch_padded_len(lengths: Empirical, prompt: float, seqs: int, draws: int = PADDED_LEN_DRAWS) -> int:
+    """The length verl's trainer computes every sequence of a step at on CPU: the prompt plus the batch's longest
+    response (its agent loop pads to the configured maxima, and the batch reaches the trainer trimmed to its own
+    longest: a run's update time follows each step's ``response_length/max``), averaged over seeded batches."""
+    longest = lengths.sample(np.random.default_rng(0), (draws, seqs)).max(axis=1)
+    return int(round(prompt + float(longest.mean())))
+
+
+def padded(profile: CpuProfile, e2e: dict, prompt: float) -> CpuProfile:
+    """The profile as verl's CPU trainer spends it on this benchmark: every sequence at its batch's padded length."""
+    w = e2e["workload"]
+    seqs = int(w["prompts_per_step"]) * int(w["responses_per_prompt"])
+    return dataclasses.replace(profile, padded_len=batch_padded_len(skewed_lengths(w["lengths"]), prompt, seqs))
 
 
 def laminar_groups_per_batch(placement: dict) -> Optional[int]:
@@ -160,7 +171,7 @@ def predict_e2e(profile: CpuProfile, e2e: dict, prompt: float, seeds: range) -> 
     return out
 
 
-def component_check(profile: CpuProfile, e2e: dict, mode: str) -> dict:
+def component_check(profile: CpuProfile, e2e: dict, mode: str, prompt: float) -> dict:
     """Each mode's measured per-step trainer components beside what the profile charges for them.
 
     Not a prediction of the run (the measured tokens per step are used): it says which priced component
@@ -173,7 +184,7 @@ def component_check(profile: CpuProfile, e2e: dict, mode: str) -> dict:
     ranks = int(run["placement"]["trainer_ranks"])
     w = e2e["workload"]
     seqs = int(w["prompts_per_step"]) * int(w["responses_per_prompt"])
-    profile = padded(profile, e2e)
+    profile = padded(profile, e2e, prompt)
     m = run.get("mean_per_step_s", {})
     out = {"tokens_per_step": round(tokens, 1), "trainer_ranks": ranks,
            "update_s": {"measured": m.get("timing_s/update_actor"),
@@ -233,7 +244,7 @@ def validate(results: Path = RESULTS, seeds: range = range(16), prompt: Optional
                       "dedicated_cores": round(alone["laminar"]["tokens_per_s"] / alone[base]["tokens_per_s"], 3)}
     measured_modes = {m: {"tokens_per_s": round(float(e2e["tokens_per_s"][m]), 2),
                           "generation_share": e2e.get("generation_share", {}).get(m)} for m in E2E_SYSTEMS}
-    components = {m: component_check(profile, e2e, m) for m in E2E_SYSTEMS}
+    components = {m: component_check(profile, e2e, m, prompt) for m in E2E_SYSTEMS}
     return {
         "what": "SIMULATED predictions beside MEASURED values",
         "inputs": {"cpu_profile": _rel(prof_path), "e2e": _rel(e2e_path), "relay": _rel(relay_path) if relay_path else None,
