@@ -54,7 +54,7 @@ class CpuProfile:
     forward_s_per_token_long: Optional[tuple[tuple[int, float], ...]] = None
     seq_tokens: int = 512
     long_seq_tokens: Optional[int] = None
-    # verl's trainer on CPU pads every sequence to prompt_length + response_length (its agent loop pads; the CPU
+    # verl's trainer on CPU computes every sequence of a step at the batch's longest (its agent loop pads; the CPU
     # config turns remove-padding off), so a step costs (sequences x padded_len) tokens at that length; None:
     # the step's real tokens at seq_tokens
     padded_len: Optional[int] = None

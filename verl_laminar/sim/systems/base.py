@@ -243,7 +243,8 @@ def step_train_seconds(model: ModelShape, tokens: float, gpus: int, p: SimParams
     Laminar and sync_bypass take the rollout's log-probs instead.
     """
     if p.cpu is not None:  # a step trains one batch: its sequences, for a profile that prices padding
-        return p.cpu.train_seconds(tokens, gpus, log_prob_pass, seqs=p.schedule.prompts_per_step * p.schedule.group_size)
+        seqs = p.schedule.prompts_per_step * p.schedule.group_size
+        return p.cpu.train_seconds(tokens, gpus, log_prob_pass, seqs=seqs)
     s = train_seconds(model, tokens, gpus, p, p.schedule.minibatches if updates is None else updates)
     return s * LOG_PROB_PASS_FACTOR if log_prob_pass else s
 
