@@ -74,6 +74,9 @@ FT_REPLICA_FAILURES = "laminar/ft/replica_failures"
 FT_GROUPS_MOVED = "laminar/ft/groups_moved"
 FT_GROUPS_LOST = "laminar/ft/groups_lost"
 FT_LIVE_REPLICAS = "laminar/ft/live_replicas"
+# groups of a dead replica that no live replica served at their version, parked for its replacement, which loads
+# their version first (each is then counted as moved when adopted, or as lost if the replacement fails)
+FT_GROUPS_PARKED = "laminar/ft/groups_parked"
 # requests of a dead replica that continued on a live one from the tokens they had streamed to the partial-response
 # pool (laminar.pool.enabled), and those tokens: work a restart from the prompt would have thrown away
 FT_POOL_CONTINUED = "laminar/ft/pool_continued"

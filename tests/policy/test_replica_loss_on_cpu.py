@@ -81,3 +81,31 @@ def test_a_fully_generated_group_is_neither_moved_nor_lost():
     assert new.pins["done"].replica_id == 0  # still pinned: finish_group ends it normally
     new, _ = finish_group(new, "done")
     assert "done" not in new.pins
+
+
+def test_with_a_replacement_coming_a_group_no_live_replica_serves_is_parked_on_its_version():
+    state = state_with({0: 3, 1: 4, 2: 3}, {"a": 0, "b": 0, "c": 1})
+    new, loss = fail_replica(state, 0, {"a": 2, "b": 2}, {}, {2: 9}, now_s=1.0, park=True)
+    assert loss.moved == (("a", 2), ("b", 2)) and loss.parked == () and loss.parked_version is None  # moved first
+    state = state_with({0: 3, 1: 4}, {"a": 0, "b": 0, "done": 0})
+    new, loss = fail_replica(state, 0, {"a": 2, "b": 2, "done": 2}, {}, {}, now_s=1.0, park=True, complete={"done"})
+    assert (loss.parked, loss.parked_version, loss.lost, loss.complete) == (("a", "b"), 3, (), ("done",))
+    assert new.pins["a"].replica_id == 0 and not new.replica(0).alive  # pinned to the dead one until adopted
+    _, loss = fail_replica(state, 0, {"a": 2, "b": 2}, {}, {}, now_s=1.0, park=False)
+    assert (loss.parked, loss.lost) == ((), ("a", "b", "done"))
+
+
+def test_a_replica_that_adopts_parked_groups_closes_its_batch_then_refreshes_when_they_finish():
+    from verl_laminar.policy.dispatch import add_replica, close_batch, complete_refresh, move_group
+    from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, apply_plan
+
+    state = state_with({0: 3, 1: 4}, {"a": 0})
+    state, loss = fail_replica(state, 0, {"a": 2}, {}, {}, now_s=1.0, park=True)
+    state = add_replica(state, 2, -1)
+    state = apply_plan(state, DispatchPlan(refreshes=(RefreshDecision(2, -1, 3),)), CFG)  # the parked version
+    state = complete_refresh(state, 2, 3)
+    state = close_batch(move_group(state, "a", 2), 2, CFG)
+    plan = plan_dispatch(state, ["z"], 4, CFG)
+    assert [a.replica_id for a in plan.assignments] == [1]  # nothing new on the old version
+    state, ended = finish_group(state, "a")
+    assert ended and plan_dispatch(state, [], 4, CFG).refreshes == (RefreshDecision(2, 3, 4),)

@@ -80,6 +80,24 @@ def test_receiving_store_peak_is_the_formula(tmp_path, keep):
     assert peak == relay_host_bytes(W, keep, "rollout")
 
 
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_held_version_costs_one_copy_more(tmp_path, keep):
+    """laminar.replace: a dead replica's parked groups hold their version on every relay until a replacement loads it."""
+    store = RelayStore(str(tmp_path / "s"), keep=keep)
+    peak = 0
+    for v in range(1, 7):
+        st = store.begin(_manifest(v), reserve=False)
+        _fill(st, receiving=True)
+        peak = max(peak, store.data_bytes())
+        store.commit(st)
+        if v == 1:
+            assert store.hold(1)
+        peak = max(peak, store.data_bytes())
+    assert 1 in store.versions() and peak == relay_host_bytes(W, keep, "rollout", held=1)
+    store.release(1)
+    assert store.data_bytes() == keep * W and 1 not in store.versions()
+
+
 @pytest.mark.parametrize("keep", [1, 2])
 @pytest.mark.parametrize("spare_first", [True, False])  # the publisher re-prepares before or after the commit
 def test_master_store_peak_is_the_formula(tmp_path, keep, spare_first):

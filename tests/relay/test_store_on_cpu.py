@@ -96,3 +96,19 @@ def test_manifest_roundtrip_and_chunks():
     m = VersionManifest(version=7, total_bytes=1000, chunk_size=1000).with_chunks(3)
     assert m.num_chunks == 3 and m.chunk_span(2) == (2 * m.chunk_size, 1000 - 2 * m.chunk_size)
     assert VersionManifest.from_json(m.to_json()) == m
+
+
+def test_a_held_version_outlives_keep_until_released(tmp_path):
+    """A dead replica's groups wait for a replacement to load their version: the store keeps it beyond keep."""
+    store = RelayStore(str(tmp_path / "s"), keep=2)
+    blobs = {v: os.urandom(2048) for v in (1, 2, 3, 4)}
+    store.commit(_fill(store, 1, blobs[1]))
+    store.commit(_fill(store, 2, blobs[2]))
+    assert store.hold(1) and not store.hold(7)  # 7 was never readable
+    store.commit(_fill(store, 3, blobs[3]))
+    store.commit(_fill(store, 4, blobs[4]))
+    assert store.versions() == [1, 3, 4]  # keep=2 newest, plus the held one
+    assert bytes(StoreReader(store.root).open(1)[1]) == blobs[1]
+    store.release(1)
+    assert store.versions() == [3, 4]
+    assert not store.hold(1)  # evicted: a hold now fails (the router loses the groups instead of waiting)

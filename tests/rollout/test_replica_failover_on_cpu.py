@@ -201,3 +201,130 @@ def test_movable_groups_are_the_open_ones_another_live_replica_serves_at_their_v
         assert router.open_groups_on(pin.replica_id) == 1 and router.movable_groups_on(pin.replica_id) == 0
 
     asyncio.run(main())
+
+
+class HoldingRelay:
+    """A relay committed through version 1 (what a refresh reads) with the calls parking makes: ``hold`` (True
+    while ``readable`` holds the version) and ``release``."""
+
+    def __init__(self, readable=(0, 1)) -> None:
+        self.readable, self.held, self.released = set(readable), [], []
+
+    def newest(self):
+        return 1
+
+    def versions(self):
+        return sorted(self.readable)
+
+    def describe(self, version=None):
+        return {}
+
+    def progress(self):
+        return {}
+
+    def hold(self, version):
+        self.held.append(version)
+        return version in self.readable
+
+    def release(self, version):
+        self.released.append(version)
+
+
+async def _setup_parking(relay: HoldingRelay):
+    """Two replicas, one replacement allowed; replica 1 moves on to version 1 while group ``ga`` keeps replica 0 on
+    version 0, and ``ga``'s request is in flight there."""
+    router, servers, client, loads = await _setup(2, gpb=1)
+    router._replacements_left = 1
+    pin = await router.assign_group("ga", 2)
+    await router.on_publish(1)
+    other = 1 - pin.replica_id
+    while router.versions()[other] != 1:
+        await asyncio.sleep(0.01)
+    shell = ActorShell(relay)  # one machine: both replicas read the same relay
+    router._relays = {0: shell, 1: shell}
+    GROUP_PIN.set(pin)
+    req = asyncio.create_task(client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={}))
+    await servers[pin.replica_id].started.wait()
+    return router, servers, client, loads, pin, req
+
+
+def _await_until(router, cond):
+    async def wait():
+        for _ in range(500):
+            if cond():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"condition not met; versions {router.versions()}")
+    return wait()
+
+
+def test_a_group_no_live_replica_serves_is_parked_for_the_replacement_which_loads_its_version_first():
+    async def main():
+        relay = HoldingRelay()
+        router, servers, client, loads, pin, req = await _setup_parking(relay)
+        servers[pin.replica_id].die()
+        await _await_until(router, lambda: router.dead_replicas() == [pin.replica_id])
+        await asyncio.sleep(0.05)
+        assert not req.done()  # parked: the request waits for the replacement instead of raising ReplicaLost
+        assert relay.held == [0]  # every relay keeps version 0 readable meanwhile
+        ev = router.drain_events()["failures"]
+        assert ev[0]["parked"] == ["ga"] and ev[0]["lost"] == [] and ev[0]["moved"] == []
+        # a second request of the group (the other response) waits too
+        req2 = asyncio.create_task(client.generate("ga-1", prompt_ids=["ga", 1], sampling_params={}))
+        await asyncio.sleep(0.05)
+        assert not req2.done()
+        servers[2] = MortalServer(2)
+        router.add_replica(ReplicaHandles(2, "a2", ActorShell(servers[2])), replaces=pin.replica_id)
+        outs = await asyncio.wait_for(asyncio.gather(req, req2), 5.0)
+        assert {o.extra_fields["global_steps"] for o in outs} == {0}  # one version for the whole group
+        assert loads[-1] == (2, 0)  # the replacement's first load was the group's version, not the newest (1)
+        assert set(servers[2].served) == {("ga", 0), ("ga", 1)}
+        adopted = router.drain_events()["adopted"]
+        assert [(a["replica_id"], a["version"], a["groups"]) for a in adopted] == [(2, 0, ["ga"])]
+        # it takes no new group on the old version; once ga finishes it refreshes to the newest
+        gb = asyncio.create_task(router.assign_group("gb", 1))
+        await asyncio.sleep(0.05)
+        assert router._state.replica(2).open_groups == frozenset({"ga"})
+        await router.finish_group("ga")
+        await _await_until(router, lambda: router.versions()[2] == 1)
+        assert (await asyncio.wait_for(gb, 5.0)).version == 1
+        await _await_until(router, lambda: relay.released == [0])  # the hold ends with the parked groups
+        await router.close()
+
+    asyncio.run(main())
+
+
+def test_parked_groups_are_lost_when_the_replacement_fails_or_the_relays_no_longer_hold_their_version():
+    async def main(readable, fail_replacement):
+        relay = HoldingRelay(readable)
+        router, servers, client, loads, pin, req = await _setup_parking(relay)
+        servers[pin.replica_id].die()
+        if fail_replacement:
+            await _await_until(router, lambda: router.dead_replicas() == [pin.replica_id])
+            await asyncio.sleep(0.05)
+            assert not req.done()
+            router.replacement_failed(pin.replica_id, "RuntimeError('no devices')")
+        with pytest.raises(ReplicaLost, match="no live replica serves version 0"):
+            await asyncio.wait_for(req, 5.0)
+        await router.finish_group("ga")
+        fails = router.drain_events()["failures"]
+        assert fails[0]["parked"] == ["ga"]
+        assert fails[-1]["followup"] and fails[-1]["lost"] == [("ga", 2)]
+        await _await_until(router, lambda: relay.released == [0])
+        await router.close()
+
+    asyncio.run(main(readable=(1,), fail_replacement=False))  # version 0 evicted before the death was seen
+    asyncio.run(main(readable=(0, 1), fail_replacement=True))
+
+
+def test_without_a_replacement_coming_a_group_is_lost_not_parked():
+    async def main():
+        relay = HoldingRelay()
+        router, servers, client, loads, pin, req = await _setup_parking(relay)
+        router._replacements_left = 0
+        servers[pin.replica_id].die()
+        with pytest.raises(ReplicaLost):
+            await asyncio.wait_for(req, 5.0)
+        assert relay.held == [] and router.drain_events()["failures"][0]["parked"] == []
+
+    asyncio.run(main())

@@ -152,7 +152,7 @@ def test_events_carry_load_intervals_and_a_clock_pair_that_converts_another_node
             assert t_before - 0.01 <= r.start <= r.end <= t_after + 0.01, r
         assert records[2].end <= records[0].start and records[1].end <= records[3].start
         assert set(router.drain_events()) == {"started", "finished", "versions", "violations", "failures",
-                                              "continued", "clock"}
+                                              "continued", "adopted", "clock"}
 
     asyncio.run(main())
 

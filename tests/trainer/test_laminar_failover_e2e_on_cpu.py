@@ -4,9 +4,9 @@ server, its workers and vLLM's engine core, after step 1 publishes, once it has 
 answer token ids outside the vocabulary, which the clients' output check must fence.
 
 Replica failover under verl's trainer: the dead replica's open groups move to the live replica when it serves
-their version (their requests continue there from the partial-response pool) or are failed and refilled by verl;
-a replacement replica (a new rank) starts where the dead one was, loads the newest version from its relay and
-generates trajectories that are trained; every trained trajectory from one version, nothing twice."""
+their version (their requests continue there from the partial-response pool), or else wait for the replacement,
+which loads their version first; a replacement replica (a new rank) starts where the dead one was, loads a version
+from its relay and generates trajectories that are trained; every trained trajectory from one version, nothing twice."""
 
 from __future__ import annotations
 
@@ -67,8 +67,12 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     assert "InvariantViolation" not in log
     last = run.steps[steps]
     assert last["laminar/ft/replica_failures"] == 1
-    # it died mid-generation: its open groups were moved (same version) or lost (failed and refilled)
-    assert last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] >= 1, last
+    # it died mid-generation: its open groups were moved (same version), parked for its replacement (no live replica
+    # on their version; adopted later, counted as moved, or lost when the run ends first), or lost
+    assert (last["laminar/ft/groups_moved"] + last["laminar/ft/groups_lost"] + last["laminar/ft/groups_parked"]
+            >= 1), last
+    if fault == "kill":  # the replacement joins in this run: nothing parked waits to the end, so none is lost
+        assert last["laminar/ft/groups_lost"] == 0, last
     # the kill run's replacement took the dead one's place (the test below); the shorter runs end before it can
     assert last["laminar/ft/live_replicas"] == (2 if fault == "kill" else 1), last
     assert last["laminar/ft/replacements"] == (1 if fault == "kill" else 0), last

@@ -157,3 +157,35 @@ def test_relay_versions_are_stored_in_the_rollout_dtype(recipe_cfg):
     cfg.actor_rollout_ref.rollout.dtype = "float16"
     runtime.prepare_config(cfg)
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.dtype == "float16"
+
+
+def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups(monkeypatch):
+    """A death that parks a group, its adoption by a replacement (moved), and a parked group lost later (a
+    follow-up: no second death; its trajectories are discarded from the ledger)."""
+    from verl_laminar.policy.accounting import Accounting
+    from verl_laminar.trainer import laminar_trainer as lt
+
+    events = {"started": [("ga_0", "ga", 0, 3), ("ga_1", "ga", 0, 3), ("gb_0", "gb", 0, 3)], "finished": [],
+              "versions": [], "violations": [], "continued": [], "clock": (0.0, 0.0),
+              "failures": [{"replica_id": 0, "t": 1.0, "error": "killed", "moved": [], "lost": [],
+                            "parked": ["ga", "gb"], "complete": []},
+                           {"replica_id": None, "t": 2.0, "error": "the replacement failed", "moved": [],
+                            "lost": [("gb", 1)], "parked": [], "complete": [], "followup": True}],
+              "adopted": [{"replica_id": 2, "version": 3, "groups": ["ga"], "t": 3.0}]}
+
+    class Router:
+        class drain_events:
+            remote = staticmethod(lambda: events)
+
+        class snapshot:
+            remote = staticmethod(lambda: {"versions": {}, "dead": []})
+
+    monkeypatch.setattr(lt.ray, "get", lambda ref: ref)
+    t = lt.LaminarTrainer.__new__(lt.LaminarTrainer)
+    t.router, t.accounting, t._timeline = Router(), Accounting(), None
+    t._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
+    t._apply_router_events()
+    assert t._ft == {"failures": 1, "moved": 1, "parked": 2, "lost": 1, "continued": 0, "continued_tokens": 0}
+    ledger = t.accounting.ledger
+    assert ledger.in_flight() == ["ga_0", "ga_1"]  # the adopted group goes on; the lost one was discarded
+    assert "gb_0" in ledger._discarded

@@ -33,7 +33,7 @@ SERVING = re.compile(r"^laminar: every replica loaded version (\d+)")
 RERUN = "running it again on the group's new replica"
 TOKENS = "perf/total_num_tokens"
 SPANS = "training/off_policy/trajectory_spans/max"
-FT_SUMS = (lm.FT_REPLICA_FAILURES, lm.FT_GROUPS_MOVED, lm.FT_GROUPS_LOST, lm.FT_POOL_CONTINUED,
+FT_SUMS = (lm.FT_REPLICA_FAILURES, lm.FT_GROUPS_MOVED, lm.FT_GROUPS_LOST, lm.FT_GROUPS_PARKED, lm.FT_POOL_CONTINUED,
            lm.FT_POOL_CONTINUED_TOKENS, lm.FT_HUNG_REPLICAS, lm.FT_REPLACEMENTS, lm.FT_REPLACEMENTS_FAILED)
 
 
@@ -157,6 +157,8 @@ def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], t_
         # replaced by new ones (the "lost"); moved groups went on, their requests from the pool or prompt
         "lost_groups": ft[lm.FT_GROUPS_LOST],
         "moved_groups": ft[lm.FT_GROUPS_MOVED],
+        # of those, groups no live replica served: parked until a replacement loaded their version (lost if it failed)
+        "parked_groups": ft[lm.FT_GROUPS_PARKED],
         "continued_from_pool": ft[lm.FT_POOL_CONTINUED],
         "continued_tokens": ft[lm.FT_POOL_CONTINUED_TOKENS],
         "rerun_from_prompt": sum(text.count(RERUN) for text in texts),

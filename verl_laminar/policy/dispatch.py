@@ -253,6 +253,13 @@ def move_group(state: DispatchState, group_id: str, to_replica: int) -> Dispatch
     return _with(_with(state, src), dst, pins)
 
 
+def close_batch(state: DispatchState, replica_id: int, cfg: DispatchConfig) -> DispatchState:
+    """The replica takes no new group until its open ones finish (a replacement that loaded an old version for a
+    dead replica's groups serves only those, then refreshes to the newest)."""
+    r = state.replica(replica_id)
+    return _with(state, dataclasses.replace(r, taken=max(r.taken, cfg.groups_per_batch)))
+
+
 def mark_dead(state: DispatchState, replica_id: int) -> DispatchState:
     """A dead replica takes nothing; its groups stay pinned until failover moves them."""
     return _with(state, dataclasses.replace(state.replica(replica_id), alive=False, refreshing_to=None))

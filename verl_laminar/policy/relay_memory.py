@@ -11,6 +11,9 @@ What ``relay.store.RelayStore`` allocates, in full copies of one version of ``W`
   copies as above, the master keeps one spare, pre-allocated publish buffer the trainer writes the
   next version into (``Relay.prepare_publish``); that spare becomes the next staging copy.
 * trainer-only node: ``0`` (no relay runs there).
+* with replacement replicas (``laminar.replace.enabled``), one copy more on every relay node: a dead
+  replica's groups that no live replica serves are parked, and every relay holds their version beyond ``K``
+  (``RelayStore.hold``) until the replacement has loaded it.
 
 Not counted: the manifests (a few KB per version), tmpfs rounding each file up to a page, and a version
 evicted while a reader or a forwarder still has it open, whose pages stay allocated until the last
@@ -27,21 +30,22 @@ ROLE_TRAINER = "trainer"
 ROLES = (ROLE_ROLLOUT, ROLE_MASTER, ROLE_TRAINER)
 
 
-def relay_copies(keep_versions: int, role: str) -> int:
-    """Full copies of a version the relay of a node with ``role`` holds at most (see the module docstring)."""
+def relay_copies(keep_versions: int, role: str, held: int = 0) -> int:
+    """Full copies of a version the relay of a node with ``role`` holds at most (see the module docstring);
+    ``held``: versions held for parked groups beyond ``keep_versions`` (1 with replacement replicas)."""
     if int(keep_versions) != keep_versions or keep_versions < 1:
         raise ValueError(f"laminar.relay.keep_versions={keep_versions!r}: must be an integer >= 1")
     if role == ROLE_ROLLOUT:
-        return int(keep_versions)
+        return int(keep_versions) + int(held)
     if role == ROLE_MASTER:
-        return int(keep_versions) + 1  # the spare publish buffer
+        return int(keep_versions) + 1 + int(held)  # the spare publish buffer
     if role == ROLE_TRAINER:
         return 0
     raise ValueError(f"role={role!r}: must be one of {ROLES} (a node with a receiving relay, trainer rank 0's "
                      "node, or a trainer-only node)")
 
 
-def relay_host_bytes(version_bytes: int, keep_versions: int, role: str) -> int:
+def relay_host_bytes(version_bytes: int, keep_versions: int, role: str, held: int = 0) -> int:
     """Host shared-memory bytes (``/dev/shm``) the relay of a node with ``role`` allocates at most.
 
     ``version_bytes``: size of one published version (all tensors of the model, resharded as published).
@@ -50,4 +54,4 @@ def relay_host_bytes(version_bytes: int, keep_versions: int, role: str) -> int:
     """
     if int(version_bytes) != version_bytes or version_bytes < 0:
         raise ValueError(f"version_bytes={version_bytes!r}: must be an integer >= 0 (bytes of one version)")
-    return relay_copies(keep_versions, role) * int(version_bytes)
+    return relay_copies(keep_versions, role, held) * int(version_bytes)

@@ -170,11 +170,13 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
     from verl_laminar.policy.timeouts import RefreshSettings, broadcast_time_s, refresh_deadlines
 
     keep = int(lam.relay.keep_versions)
-    need = {role: relay_host_bytes(version, keep, role) for role in ("rollout", "master", "trainer")}
+    held = 1 if lam.replace.enabled else 0  # a version held for a dead replica's parked groups
+    need = {role: relay_host_bytes(version, keep, role, held) for role in ("rollout", "master", "trainer")}
     report.facts.update(relay_host_bytes=need, keep_versions=keep, relays=p.relays)
     report.add("relay.host_memory", OK, f"per rollout node {_gb(need['rollout'])} ({need['rollout'] / version:.2f}x "
                f"the version), master node {_gb(need['master'])}, trainer-only nodes {_gb(need['trainer'])} "
-               f"(laminar.relay.keep_versions={keep})")
+               f"(laminar.relay.keep_versions={keep}" + (", and one version held for parked groups while "
+               "laminar.replace.enabled)" if held else ")"))
     role = node_role(opts, p.single_host)
     if role in ("rollout", "master"):
         free = shutil.disk_usage(opts.shm_path).free if os.path.isdir(opts.shm_path) else 0
@@ -183,7 +185,8 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
         if free < need[role]:
             report.add("relay.dev_shm", FAIL, value, f"enlarge {opts.shm_path} to at least {_gb(need[role])} "
                        "(docker run --shm-size, Kubernetes emptyDir medium: Memory with sizeLimit) or lower "
-                       "laminar.relay.keep_versions")
+                       "laminar.relay.keep_versions" + (" (or set laminar.replace.enabled=false: no version is "
+                                                        "held for a dead replica's groups)" if held else ""))
         else:
             report.add("relay.dev_shm", OK, value)
     else:

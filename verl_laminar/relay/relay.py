@@ -40,15 +40,7 @@ from verl_laminar.relay.store import (
     VersionGoneError,
     default_store_root,
 )
-from verl_laminar.relay.transport import (
-    NEWEST,
-    Channel,
-    Frame,
-    Kind,
-    Transport,
-    TransportError,
-    TransportSpec,
-)
+from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, Transport, TransportError, TransportSpec
 from verl_laminar.relay.verify import ChunkVerifier
 
 logger = logging.getLogger(__name__)
@@ -132,8 +124,8 @@ class Relay:
         return self.forwarder.plan
 
     def newest(self) -> Optional[int]:
-        """The newest readable version; raises ``RelayMemoryError`` once receiving has failed for lack of memory
-        for ``memory_error_grace_s`` (cleared by the next commit)."""
+        """The newest readable version; raises ``RelayMemoryError`` after receiving failed for lack of memory for
+        ``memory_error_grace_s`` (until the next commit)."""
         failure = self._memory_error
         if failure is not None and time.monotonic() - failure[0] >= self.memory_error_grace_s:
             raise failure[1]
@@ -141,6 +133,12 @@ class Relay:
 
     def versions(self) -> list[int]:
         return self.store.versions()
+
+    def hold(self, version: int) -> bool:  # readable beyond keep_versions until release; False: gone already
+        return self.store.hold(version)
+
+    def release(self, version: int) -> None:
+        self.store.release(version)
 
     def describe(self, version: Optional[int] = None) -> dict:
         """Where a same-machine reader maps ``version``: {"version", "path", "manifest" (JSON)}."""

@@ -11,7 +11,8 @@ the one being received included. ``begin`` evicts committed versions down to ``k
 reserves the staging copy; ``commit`` keeps the ``keep`` newest, so the previous version stays readable
 until the next staging begins (``policy/relay_memory.py`` gives the per-node total). With ``keep == 1``
 even the newest version is evicted when the next one starts arriving: the key is a memory cap, and
-whoever sets 1 cannot hold two copies. Loads already in progress keep their mapping, new loads wait for
+whoever sets 1 cannot hold two copies. A ``hold`` keeps one older version beyond the bound (one more copy)
+while a dead replica's groups wait for a replacement to load it (``rollout.router_failover``). Loads already in progress keep their mapping, new loads wait for
 the commit (the router waits for it anyway), a downstream relay gets the version in flight.
 Eviction unlinks files, which leaves existing mappings and open handles valid (POSIX): their pages
 stay allocated until the last one goes, a transient beyond the bound.
@@ -31,14 +32,13 @@ Ownership: a store holds an ``flock`` on ``<root>/.lock`` for its lifetime; the 
 process dies, however it dies, so ``remove_unused_store`` removes exactly the stores of relays that are gone.
 
 ``StoreReader`` (in ``layout``, with the file names and errors) is what a rollout on the same machine uses: it lists
-readable versions and maps one read-only, with no copy through Ray's object store.
+readable versions and maps one read-only, with no copy through Ray's object store. ``Staging`` (one copy being
+written) and the warm mappings kept for recycling are in ``staging``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import mmap
 import os
 import threading
 import uuid
@@ -49,133 +49,10 @@ from verl_laminar.platform.shm_cleanup import acquire_store, bury_store
 from verl_laminar.relay.layout import (  # noqa: F401  (re-exported: the store's errors and reader live there)
     KEEP_VERSIONS, RelayMemoryError, StoreReader, TornTransferError, VersionGoneError, _data_path, _json_path, _reserve,
     _unlink, default_store_root, ensure_free, lease)
-from verl_laminar.relay.manifest import VersionManifest, crc32
+from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.staging import Staging, _Warm  # noqa: F401  (Staging re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-class Staging:
-    """A version being received or published; not readable until ``RelayStore.commit``.
-
-    ``reserve=True`` allocates every page now (a publish: the trainer learns at once that memory is short).
-    ``reserve=False`` leaves that to ``reserve(i)`` before chunk ``i`` is written (a receiver: allocating a whole
-    version before answering its upstream would add that time to every hop of the chain).
-    """
-
-    def __init__(self, root: str, manifest: VersionManifest, spare: Optional[str] = None, reserve: bool = True,
-                 keep: int = KEEP_VERSIONS, recycled: Optional["_Warm"] = None) -> None:
-        self.manifest = manifest
-        self.root, self._keep = root, keep
-        self.path = os.path.join(root, f"staging-{manifest.version:012d}-{uuid.uuid4().hex[:8]}.data")
-        size = manifest.total_bytes
-        self.recycled = recycled is not None
-        self._map: mmap.mmap | bytes
-        if recycled is not None:  # an evicted version's file, exclusively locked: its pages are allocated and mapped
-            os.replace(recycled.path, self.path)
-            self._fd, self._map = recycled.fd, recycled.map
-            reserved = True
-        elif spare is not None:  # pre-allocated pages: writing into them costs no page faults
-            os.replace(spare, self.path)
-            self._fd = os.open(self.path, os.O_RDWR)
-            if os.fstat(self._fd).st_size != size:
-                os.ftruncate(self._fd, size)
-            reserved = True
-        else:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(self._fd, size)
-                if reserve and size:
-                    _reserve(self._fd, 0, size, root, keep, f"version {manifest.version}")
-            except BaseException:
-                os.close(self._fd)
-                os.unlink(self.path)
-                raise
-            reserved = reserve
-        if recycled is None:
-            self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE) if size else b""
-        self.buffer = memoryview(self._map) if size else memoryview(bytearray(0))
-        n = manifest.num_chunks
-        self._reserved = [reserved] * n
-        self.checksums: list[Optional[int]] = list(manifest.checksums) if manifest.checksums else [None] * n
-        self.verified = [False] * n
-        self.aborted = False
-
-    def reserve(self, i: int) -> None:
-        """Allocate chunk ``i``'s pages before it is written through the mapping (no-op once allocated)."""
-        if self._reserved[i]:
-            return
-        off, length = self.manifest.chunk_span(i)
-        if length:
-            _reserve(self._fd, off, length, self.root, self._keep, f"chunk {i} of version {self.manifest.version}")
-        self._reserved[i] = True
-
-    def chunk(self, i: int) -> memoryview:
-        off, length = self.manifest.chunk_span(i)
-        return self.buffer[off : off + length]
-
-    def verify(self, i: int, expected: Optional[int] = None) -> int:
-        """Check chunk ``i`` against ``expected`` (or record its CRC when the source is trusted)."""
-        got = crc32(self.chunk(i))
-        want = expected if expected is not None else self.checksums[i]
-        if want is not None and got != want:
-            raise TornTransferError(
-                f"chunk {i} of version {self.manifest.version} has crc {got:#010x}, expected {want:#010x}"
-            )
-        self.checksums[i] = got
-        self.verified[i] = True
-        return got
-
-    @property
-    def complete(self) -> bool:
-        return all(self.verified)
-
-    def detach(self) -> Optional["_Warm"]:
-        """Hand this staging's descriptor and mapping over (to stay warm for recycling) instead of closing them."""
-        if not isinstance(self._map, mmap.mmap) or self._fd < 0:
-            self.close()
-            return None
-        self.buffer.release()
-        if self.recycled:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # readable again once committed
-        warm = _Warm(self._fd, self._map, self.path, self.manifest.total_bytes)
-        self._fd, self._map = -1, b""
-        return warm
-
-    def close(self) -> None:
-        self.buffer.release()
-        if isinstance(self._map, mmap.mmap):
-            try:
-                self._map.close()
-            except BufferError:  # a chunk view is still referenced; the mapping goes with it
-                logger.debug("staging %s still has chunk views; unmapping on release", self.path)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-@dataclass
-class _Warm:
-    """A committed version's open descriptor and writable mapping, kept so its pages can become the next staging."""
-
-    fd: int
-    map: mmap.mmap
-    path: str
-    size: int
-
-    def close(self) -> None:
-        try:
-            self.map.close()
-        except BufferError:  # a view of it is still referenced; the mapping goes with that view
-            logger.debug("warm mapping of %s still has views", self.path)
-        os.close(self.fd)
-
-    def try_lock(self) -> bool:
-        """The exclusive lock, without waiting: True only when no reader holds a lease on this file."""
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
 
 
 @dataclass(frozen=True)
@@ -204,6 +81,8 @@ class RelayStore:
         self._versions: dict[int, StoredVersion] = {}
         self._spares: dict[int, str] = {}  # size -> pre-allocated staging file (at most one)
         self._warm: dict[int, _Warm] = {}  # committed version -> its mapping, for recycling at eviction
+        # versions kept beyond ``keep`` until released: a dead replica's groups wait for a replacement to load theirs
+        self._held: set[int] = set()
         self._spare_lock = threading.Lock()
         for v in StoreReader(root).versions():
             self._versions[v] = StoredVersion(StoreReader(root).manifest(v), _data_path(root, v))
@@ -305,14 +184,29 @@ class RelayStore:
         staging.close()
         _unlink(staging.path)
 
+    def hold(self, version: int) -> bool:
+        """Keep ``version`` readable, beyond ``keep``, until ``release``; False if it is not readable now. A held
+        version costs one more copy of the model in host memory for as long as it is held."""
+        with self._lock:
+            if int(version) not in self._versions:
+                return False
+            self._held.add(int(version))
+            return True
+
+    def release(self, version: int) -> None:
+        """End a ``hold``; the version is evicted now if ``keep`` newer versions are readable."""
+        with self._lock:
+            self._held.discard(int(version))
+            self._evict(self.keep)
+
     def _evict(self, keep: int, recycle_size: Optional[int] = None) -> Optional[_Warm]:
-        """Remove all but the ``keep`` newest committed versions (lock held).
+        """Remove all but the ``keep`` newest committed versions that are not held (lock held).
 
         With ``recycle_size``, the first evicted version of that size that no reader holds is returned, locked,
         its data file left in place for ``Staging`` to take over; every other evicted version is unlinked.
         """
         recycled = None
-        old = sorted(self._versions)
+        old = sorted(v for v in self._versions if v not in self._held)
         for v in old[: max(0, len(old) - keep)]:
             del self._versions[v]
             _unlink(_json_path(self.root, v))  # unreadable from here on

@@ -73,7 +73,7 @@ def _manifest_size(desc: dict) -> tuple[Optional[int], Optional[int]]:
 class ReplicaRefresh:
     """Needs from the router: _relays, _refresh_settings, _chain_relays, _version_bytes, _version_chunks,
     _poll_s, _state, _cfg, _replicas, _refresher, _inflight, _drain_timeout_s, _published, _closed, _clock,
-    _alive, _fail, _pump, _waiters, _events and the refresh counters."""
+    _alive, _fail, _pump, _waiters, _events, _loading_parked, _adopt_parked and the refresh counters."""
 
     def _deadlines(self) -> RefreshDeadlines:
         return refresh_deadlines(self._version_bytes, self._chain_relays, self._refresh_settings,
@@ -160,7 +160,8 @@ class ReplicaRefresh:
                 logger.warning("replica %d: waiting for version %d failed, attempt %d of %d (%r); retrying in "
                                "%.1f s", rid, target, failed, retries + 1, e, backoff)
                 await asyncio.sleep(backoff)
-        newest = await self._newest_readable(rid, target)
+        # a load for parked groups needs their version, not the newest
+        newest = target if rid in self._loading_parked else await self._newest_readable(rid, target)
         if newest != target:
             logger.info("replica %d: its relay already holds version %d; loading it instead of %d", rid, newest,
                         target)
@@ -204,6 +205,7 @@ class ReplicaRefresh:
         if not self._state.replica(d.replica_id).alive:
             return  # it was failed over while loading (its refreshing_to was cleared then)
         self._state = complete_refresh(self._state, d.replica_id, loaded)
+        self._adopt_parked(d.replica_id, loaded)  # groups of a dead replica waiting for this version
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
         # (replica, version, finished, started, previous version): the first three are what the ledger needs,

@@ -107,14 +107,10 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._inflight = {rid: 0 for rid in self._replicas}
         self._published: Optional[int] = None
         self._tasks: set[asyncio.Task] = set()
-        self._events: dict[str, list] = {"started": [], "finished": [], "versions": [], "violations": [],
-                                         "failures": [], "continued": []}
-        self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
-        self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
-        self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
-        self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
+        self._events: dict[str, list] = {k: [] for k in ("started", "finished", "versions", "violations",
+                                                         "failures", "continued", "adopted")}
+        self._init_failover(replacements)  # rollout.router_failover: dead, parked, lost, fenced, replacements
         self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
-        self._probe_timeout_s = 10.0
         self._rollout_wait_s = 0.0
         self._refreshes = 0
         self._error: Optional[BaseException] = None
@@ -157,6 +153,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
         self._closed = True
+        self._lose_unserved("the run is ending", every=True)
         if self._repack_task is not None:
             self._repack_task.cancel()
         if self._tasks:
@@ -197,6 +194,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         return await fut
 
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
+        await self._parked_outcome(group_id)
         if group_id in self._lost:
             raise ReplicaLost(f"group {group_id!r} (version {version}) was on a replica that died, and no live "
                               "replica serves that version; verl fails the group and refills the batch")
@@ -244,6 +242,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._group_n.pop(group_id, None)
         self._group_finished.pop(group_id, None)
         self._lost.discard(group_id)
+        self._unpark(group_id)  # its requests all gave up
         self._assigned_s.pop(group_id, None)
         self._validate.discard(group_id)
         if ended:

@@ -11,9 +11,13 @@ counts, events and waiters). Dataflow:
     replacement loop (fleet.replacement): dead_replicas() -> a new replica starts -> add_replica(handles, relay,
         replaces): it joins unloaded; its first refresh pulls the newest version from its relay, then it takes
         groups; a start that failed: replacement_failed(dead)
-A dead replica's groups move to live replicas of their version or are lost (their requests raise ReplicaLost;
-verl fails the group and refills the batch). While a replacement is on its way, the router waits even with no
-replica alive; with none alive and none coming, it stops with an error: nothing can generate.
+A dead replica's groups move to live replicas of their version. With none, and a replacement on its way, they are
+parked: every relay holds their version (``Relay.hold``), their requests wait, and the replacement loads that
+version first (not the newest), adopts the groups (their requests continue there from the pool), takes nothing
+else, and refreshes to the newest once they finish. A replica that loads the version meanwhile adopts them too.
+Otherwise (no replacement coming, a relay no longer holding the version, the replacement failed) they are lost:
+their requests raise ReplicaLost, verl fails the group and refills the batch. While a replacement is on its way,
+the router waits even with no replica alive; with none alive and none coming, it stops with an error.
     router: a refresh fails and the replica does not answer a probe -> _fail(replica); dispatch goes on
     pinned client: an output is garbage -> replica_misbehaved(group, version, reason, server) -> the replica is
         fenced: _fail(replica) at once (no probe: it answers, wrongly) -> "moved" / "lost"
@@ -25,7 +29,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from verl_laminar.policy.dispatch import RoutingError, add_replica
+from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, RoutingError, add_replica, apply_plan
+from verl_laminar.policy.dispatch import close_batch, move_group
 from verl_laminar.policy.replica_loss import fail_replica
 
 if TYPE_CHECKING:
@@ -35,6 +40,17 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicaFailover:
+    def _init_failover(self, replacements: int) -> None:
+        self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
+        self._parked: dict[int, set[str]] = {}  # version -> a dead replica's groups waiting for a replacement on it
+        self._park_futs: dict[str, asyncio.Future] = {}  # parked group -> set when adopted or lost
+        self._loading_parked: dict[int, int] = {}  # replacement -> the parked version it loads
+        self._held: set[int] = set()  # versions the relays hold for parked groups
+        self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
+        self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
+        self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
+        self._probe_timeout_s = 10.0
+
     async def replica_failed(self, group_id: str, version: int, error: str, server_id: Optional[str] = None) -> str:
         """A request of ``group_id`` sent to ``server_id`` (default: the group's replica) failed with an actor
         error. Returns "alive" (that replica answers a probe, so the error was not its death: the caller
@@ -54,6 +70,7 @@ class ReplicaFailover:
             if await self._alive(failed):
                 return "alive"
             self._fail(failed, error)
+        await self._parked_outcome(group_id)
         if group_id in self._lost:
             return "lost"
         if not self._state.replica(self._state.pins[group_id].replica_id).alive:
@@ -71,6 +88,7 @@ class ReplicaFailover:
             raise RoutingError(f"replica_misbehaved for group {group_id!r}, which is not assigned")
         self._fenced.add(self._by_address[server_id])
         self._fail(self._by_address[server_id], f"fenced: {reason}")
+        await self._parked_outcome(group_id)
         if group_id in self._lost:
             return "lost"
         a = self._state.pins[group_id]
@@ -133,14 +151,23 @@ class ReplicaFailover:
         if relay is not None:
             self._relays[rid] = relay
         self._awaiting.discard(replaces)
-        logger.warning("replica %d joined the fleet (%s)%s; it loads version %s before it takes groups", rid,
+        version = self._published
+        waiting = sorted(v for v in self._parked if v not in self._loading_parked.values())
+        if waiting:  # the oldest parked version first: its groups have waited longest
+            version = self._loading_parked[rid] = waiting[0]
+            d = RefreshDecision(rid, UNLOADED, version)
+            self._state = apply_plan(self._state, DispatchPlan(refreshes=(d,)), self._cfg)
+            self._spawn(self._refresh(d))
+        logger.warning("replica %d joined the fleet (%s)%s; it loads version %s before it takes groups%s", rid,
                        replica.address, f" in place of replica {replaces}" if replaces is not None else "",
-                       self._published)
+                       version, f" (the {len(self._parked[version])} parked groups of that version)" if waiting
+                       else "")
         self._pump()
 
     def replacement_failed(self, dead: int, error: str) -> None:
         """The replacement of ``dead`` did not start: with no replica alive and none coming, the router stops."""
         self._awaiting.discard(int(dead))
+        self._lose_unserved(f"the replacement of replica {dead} failed: {error}")
         self._stop_if_none_can_generate(f"the replacement of replica {dead} failed: {error}")
 
     def _stop_if_none_can_generate(self, why: str) -> None:
@@ -162,8 +189,10 @@ class ReplicaFailover:
             return
         complete = self._complete_groups()
         self._state, loss = fail_replica(self._state, replica_id, self._group_n, self._assigned_s,
-                                         self._inflight, self._clock(), complete=complete)
+                                         self._inflight, self._clock(), complete=complete,
+                                         park=self._replacements_left > 0 and not self._closed)
         self._lost.update(loss.lost)
+        self._loading_parked.pop(replica_id, None)  # a replacement that died loading a parked version
         self._inflight[replica_id] = 0
         self._requests[replica_id].clear()
         self._events["failures"].append({"replica_id": replica_id, "t": self._clock(), "error": error,
@@ -172,12 +201,101 @@ class ReplicaFailover:
                                          "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost
                                                   if g not in self._validate],
                                          "lost_validation": [g for g in loss.lost if g in self._validate],
-                                         "complete": list(loss.complete)})
+                                         "complete": list(loss.complete), "parked": list(loss.parked)})
         logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s, "
-                     "%d already fully generated %s", replica_id, error, len(loss.moved), dict(loss.moved),
-                     len(loss.lost), list(loss.lost), len(loss.complete), list(loss.complete))
+                     "%d parked for its replacement %s, %d already fully generated %s", replica_id, error,
+                     len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost), len(loss.parked),
+                     list(loss.parked), len(loss.complete), list(loss.complete))
         if self._replacements_left > 0:  # laminar.replace: a new replica will take this one's place
             self._replacements_left -= 1
             self._awaiting.add(replica_id)
+        if loss.parked:
+            self._park(loss.parked_version, loss.parked)
+        self._lose_unserved(f"replica {replica_id} died while loading a parked version")
         self._stop_if_none_can_generate(f"the last: {replica_id}, {error}")
         self._pump()
+
+    # ---- parked groups: a dead replica's groups waiting for a replacement on their version ----
+    def _park(self, version: int, groups: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        self._parked.setdefault(int(version), set()).update(groups)
+        for g in groups:
+            self._park_futs.setdefault(g, loop.create_future())
+        self._spawn(self._hold(int(version)))
+
+    async def _hold(self, version: int) -> None:
+        """Every relay keeps ``version`` readable until its groups are adopted or lost; one that no longer holds
+        it (evicted before the death was seen) loses them at once."""
+        relays = list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays.values()}.values())
+        try:
+            held = all(await asyncio.gather(*(r.hold.remote(version) for r in relays)))
+            why = f"version {version} is no longer on every relay (laminar.relay.keep_versions)"
+        except Exception as e:  # noqa: BLE001 - a relay gone: the version cannot be counted on
+            held, why = False, f"holding version {version} on the relays failed: {e!r}"
+        self._held.add(version)  # released with the groups, also when the hold failed on some relays
+        if not held:
+            self._lose_parked(version, why)
+        elif version not in self._parked:  # adopted or lost while the hold was on its way
+            await self._release_hold(version)
+
+    async def _release_hold(self, version: int) -> None:
+        if version not in self._held or version in self._parked:
+            return
+        self._held.discard(version)
+        relays = list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays.values()}.values())
+        await asyncio.gather(*(r.release.remote(version) for r in relays), return_exceptions=True)
+
+    async def _parked_outcome(self, group_id: str) -> None:
+        """Wait while the group is parked (until a replica adopts it, or it is lost)."""
+        fut = self._park_futs.get(group_id)
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    def _adopt_parked(self, replica_id: int, version: int) -> None:
+        """``replica_id`` now serves ``version``: it takes the groups parked on that version. A replacement that
+        loaded it for them takes nothing else before they finish, then refreshes to the newest."""
+        targeted = self._loading_parked.pop(replica_id, None) == version
+        groups = sorted(self._parked.pop(version, ()))
+        if not groups:
+            return
+        for g in groups:
+            self._state = move_group(self._state, g, replica_id)
+            self._park_futs.pop(g).set_result(None)
+        if targeted:
+            self._state = close_batch(self._state, replica_id, self._cfg)
+        self._events["adopted"].append({"replica_id": replica_id, "version": version, "groups": groups,
+                                        "t": self._clock()})
+        logger.warning("replica %d serves version %d: it adopts the %d groups parked on it %s", replica_id, version,
+                       len(groups), groups)
+        self._spawn(self._release_hold(version))
+
+    def _lose_parked(self, version: int, why: str) -> None:
+        groups = sorted(self._parked.pop(version, ()))
+        if not groups:
+            return
+        self._lost.update(groups)
+        for g in groups:
+            self._park_futs.pop(g).set_result(None)
+        # a follow-up of the death that parked them (not a second death)
+        self._events["failures"].append({"replica_id": None, "t": self._clock(), "error": why, "moved": [],
+                                         "lost": [(g, self._group_n.get(g, 0)) for g in groups
+                                                  if g not in self._validate],
+                                         "lost_validation": [g for g in groups if g in self._validate],
+                                         "complete": [], "parked": [], "followup": True})
+        logger.error("the %d groups parked on version %d are lost: %s", len(groups), version, why)
+        self._spawn(self._release_hold(version))
+
+    def _lose_unserved(self, why: str, every: bool = False) -> None:
+        """Parked versions beyond what the replacements on their way (or loading) can serve are lost, oldest first;
+        ``every``: all of them (the run ends)."""
+        waiting = sorted(v for v in self._parked if every or v not in self._loading_parked.values())
+        for v in waiting[:len(waiting) if every else max(0, len(waiting) - len(self._awaiting))]:
+            self._lose_parked(v, why)
+
+    def _unpark(self, group_id: str) -> None:
+        """The group finished while parked (every request of it gave up)."""
+        for groups in self._parked.values():
+            groups.discard(group_id)
+        fut = self._park_futs.pop(group_id, None)
+        if fut is not None:
+            fut.set_result(None)

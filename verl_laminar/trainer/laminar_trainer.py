@@ -55,7 +55,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._hang_watch = None  # trainer.hang.HangWatch: kills a replica that holds requests and streams nothing
         self._replacer = None  # fleet.replacement.ReplacementLoop: a new replica for each dead one
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
-        self._ft = {"failures": 0, "moved": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
+        self._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
         super().__init__(config)
 
     # ---- construction ----
@@ -215,15 +215,20 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                            min(start, e["finish_s"]), e["finish_s"], e["prompt_tokens"],
                                            e["response_tokens"], e["n"]))
         for f in events["failures"]:
-            self._ft["failures"] += 1
+            self._ft["failures"] += 0 if f.get("followup") else 1  # a follow-up: parked groups lost later
             self._ft["moved"] += len(f["moved"])
+            self._ft["parked"] += len(f.get("parked", ()))
             self._ft["lost"] += len(f["lost"])
             for group_id, n in f["lost"]:
                 # verl fails the group and refills the batch: its trajectories are dropped, not lost
                 for i in range(n):
                     ledger.discard(f"{group_id}_{i}", f"replica {f['replica_id']} died")
-            logger.error("laminar: replica %d died (%s); groups moved %s, lost %s", f["replica_id"], f["error"],
-                         f["moved"], f["lost"])
+            logger.error("laminar: replica %s died (%s); groups moved %s, lost %s, parked for its replacement %s",
+                         f["replica_id"], f["error"], f["moved"], f["lost"], f.get("parked", []))
+        for a in events.get("adopted", ()):
+            self._ft["moved"] += len(a["groups"])
+            logger.warning("laminar: replica %d loaded version %d for the %d groups parked on it: they continue there",
+                           a["replica_id"], a["version"], len(a["groups"]))
         for group_id, request_id, tokens in events.get("continued", ()):
             self._ft["continued"] += 1
             self._ft["continued_tokens"] += tokens
@@ -251,7 +256,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         out[lm.INVARIANT_CHECKED] = float(self.replay_buffer.checked_trajectories)
         out.update(snap_router["repack"])
         out.update({lm.FT_REPLICA_FAILURES: float(self._ft["failures"]), lm.FT_GROUPS_MOVED: float(self._ft["moved"]),
-                    lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
+                    lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_GROUPS_PARKED: float(self._ft["parked"]),
+                    lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
                     lm.FT_POOL_CONTINUED_TOKENS: float(self._ft["continued_tokens"]),
                     lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
                     **self._replacement_metrics(),
