@@ -112,3 +112,16 @@ def test_a_held_version_outlives_keep_until_released(tmp_path):
     store.release(1)
     assert store.versions() == [3, 4]
     assert not store.hold(1)  # evicted: a hold now fails (the router loses the groups instead of waiting)
+
+
+def test_a_hold_is_refused_without_room_for_one_more_copy(tmp_path, monkeypatch):
+    """A node sized for keep_versions copies: holding one more would make the next version's receive fail, so the
+    hold is refused (the router then loses the dead replica's groups, as without a replacement)."""
+    import verl_laminar.relay.store as store_mod
+
+    store = RelayStore(str(tmp_path / "s"), keep=2)
+    store.commit(_fill(store, 1, os.urandom(2048)))
+    monkeypatch.setattr(store_mod, "free_bytes", lambda root: 2047)
+    assert not store.hold(1)
+    monkeypatch.setattr(store_mod, "free_bytes", lambda root: 2048)
+    assert store.hold(1)

@@ -150,7 +150,7 @@ def test_one_step_off_without_a_machine_matches_the_analytic_one_step():
     p = dataclasses.replace(SimParams(), schedule=dataclasses.replace(SimParams().schedule, prompts_per_step=64,
                                                                      minibatches=4))
     lay = Layout(gpus=16, trainer_gpus=8, tp=1)
-    ev = simulate("separate_async", Setup("7b", "math", lay, 0, p))
+    ev = simulate("one_step_off", Setup("7b", "math", lay, 0, p))
     an = simulate("one_step", Setup("7b", "math", lay, 0, p))
     assert ev.throughput == pytest.approx(an.throughput, rel=0.15)
 

@@ -11,9 +11,10 @@ What ``relay.store.RelayStore`` allocates, in full copies of one version of ``W`
   copies as above, the master keeps one spare, pre-allocated publish buffer the trainer writes the
   next version into (``Relay.prepare_publish``); that spare becomes the next staging copy.
 * trainer-only node: ``0`` (no relay runs there).
-* with replacement replicas (``laminar.replace.enabled``), one copy more on every relay node: a dead
-  replica's groups that no live replica serves are parked, and every relay holds their version beyond ``K``
-  (``RelayStore.hold``) until the replacement has loaded it.
+* with replacement replicas (``laminar.replace.enabled``), one copy more on every relay node where there is room
+  (``held=1``): a dead replica's groups that no live replica serves are parked, and every relay holds their version
+  beyond ``K`` (``RelayStore.hold``) until the replacement has loaded it. A relay without room refuses the hold, and
+  those groups are lost instead; the preflight warns about such a node.
 
 Not counted: the manifests (a few KB per version), tmpfs rounding each file up to a page, and a version
 evicted while a reader or a forwarder still has it open, whose pages stay allocated until the last

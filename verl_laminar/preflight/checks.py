@@ -170,13 +170,17 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
     from verl_laminar.policy.timeouts import RefreshSettings, broadcast_time_s, refresh_deadlines
 
     keep = int(lam.relay.keep_versions)
-    held = 1 if lam.replace.enabled else 0  # a version held for a dead replica's parked groups
-    need = {role: relay_host_bytes(version, keep, role, held) for role in ("rollout", "master", "trainer")}
-    report.facts.update(relay_host_bytes=need, keep_versions=keep, relays=p.relays)
+    need = {role: relay_host_bytes(version, keep, role) for role in ("rollout", "master", "trainer")}
+    # laminar.replace: while a dead replica's groups wait for a replacement, every relay holds their version beyond
+    # keep_versions, when there is room for it (RelayStore.hold); without room those groups are lost instead
+    held = 1 if lam.replace.enabled else 0
+    parking = {role: relay_host_bytes(version, keep, role, held) for role in need}
+    report.facts.update(relay_host_bytes=need, relay_host_bytes_parking=parking, keep_versions=keep, relays=p.relays)
     report.add("relay.host_memory", OK, f"per rollout node {_gb(need['rollout'])} ({need['rollout'] / version:.2f}x "
                f"the version), master node {_gb(need['master'])}, trainer-only nodes {_gb(need['trainer'])} "
-               f"(laminar.relay.keep_versions={keep}" + (", and one version held for parked groups while "
-               "laminar.replace.enabled)" if held else ")"))
+               f"(laminar.relay.keep_versions={keep})" + (f"; {_gb(parking['rollout'])} and "
+                                                         f"{_gb(parking['master'])} while a dead replica's groups "
+                                                         "are parked" if held else ""))
     role = node_role(opts, p.single_host)
     if role in ("rollout", "master"):
         free = shutil.disk_usage(opts.shm_path).free if os.path.isdir(opts.shm_path) else 0
@@ -185,8 +189,12 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
         if free < need[role]:
             report.add("relay.dev_shm", FAIL, value, f"enlarge {opts.shm_path} to at least {_gb(need[role])} "
                        "(docker run --shm-size, Kubernetes emptyDir medium: Memory with sizeLimit) or lower "
-                       "laminar.relay.keep_versions" + (" (or set laminar.replace.enabled=false: no version is "
-                                                        "held for a dead replica's groups)" if held else ""))
+                       "laminar.relay.keep_versions")
+        elif free < parking[role]:
+            report.add("relay.dev_shm", WARN, value + f", {_gb(parking[role])} to park a dead replica's groups",
+                       f"enlarge {opts.shm_path} to {_gb(parking[role])}: with less, the groups of a dead replica "
+                       "that no live replica serves are lost (refilled by verl) instead of waiting for its "
+                       "replacement")
         else:
             report.add("relay.dev_shm", OK, value)
     else:

@@ -11,8 +11,9 @@ the one being received included. ``begin`` evicts committed versions down to ``k
 reserves the staging copy; ``commit`` keeps the ``keep`` newest, so the previous version stays readable
 until the next staging begins (``policy/relay_memory.py`` gives the per-node total). With ``keep == 1``
 even the newest version is evicted when the next one starts arriving: the key is a memory cap, and
-whoever sets 1 cannot hold two copies. A ``hold`` keeps one older version beyond the bound (one more copy)
-while a dead replica's groups wait for a replacement to load it (``rollout.router_failover``). Loads already in progress keep their mapping, new loads wait for
+whoever sets 1 cannot hold two copies. A ``hold`` keeps one older version beyond the bound (one more copy, taken
+only when the filesystem has room for it) while a dead replica's groups wait for a replacement to load it
+(``rollout.router_failover``). Loads already in progress keep their mapping, new loads wait for
 the commit (the router waits for it anyway), a downstream relay gets the version in flight.
 Eviction unlinks files, which leaves existing mappings and open handles valid (POSIX): their pages
 stay allocated until the last one goes, a transient beyond the bound.
@@ -48,7 +49,7 @@ from typing import Optional
 from verl_laminar.platform.shm_cleanup import acquire_store, bury_store
 from verl_laminar.relay.layout import (  # noqa: F401  (re-exported: the store's errors and reader live there)
     KEEP_VERSIONS, RelayMemoryError, StoreReader, TornTransferError, VersionGoneError, _data_path, _json_path, _reserve,
-    _unlink, default_store_root, ensure_free, lease)
+    _unlink, default_store_root, ensure_free, free_bytes, lease)
 from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.staging import Staging, _Warm  # noqa: F401  (Staging re-exported)
 
@@ -185,10 +186,17 @@ class RelayStore:
         _unlink(staging.path)
 
     def hold(self, version: int) -> bool:
-        """Keep ``version`` readable, beyond ``keep``, until ``release``; False if it is not readable now. A held
-        version costs one more copy of the model in host memory for as long as it is held."""
+        """Keep ``version`` readable, beyond ``keep``, until ``release``; False if it is not readable now, or if the
+        filesystem has no room for one more copy: a held version stays while the next ones arrive, and a node sized
+        for ``keep`` copies would then fail to receive them (the caller gives up what it wanted to hold instead)."""
         with self._lock:
-            if int(version) not in self._versions:
+            stored = self._versions.get(int(version))
+            if stored is None:
+                return False
+            if int(version) not in self._held and free_bytes(self.root) < stored.manifest.total_bytes:
+                logger.warning("relay store %s: no room to hold version %d beyond keep_versions=%d (%d bytes free, "
+                               "%d needed)", self.root, version, self.keep, free_bytes(self.root),
+                               stored.manifest.total_bytes)
                 return False
             self._held.add(int(version))
             return True

@@ -9,12 +9,15 @@ from verl_laminar.sim.systems.areal import AReaL, ArealMechanics
 from verl_laminar.sim.systems.base import Layout, Result, Setup, default_layout
 from verl_laminar.sim.systems.laminar import Laminar
 from verl_laminar.sim.systems.one_step_off import OneStepOff
+from verl_laminar.sim.systems.separate_async import SeparateAsync
 from verl_laminar.sim.systems.synchronous import Pipelined, Sync
 
 SYSTEMS: dict[str, Callable[[Setup], object]] = {
     "sync": Sync,
     "sync_bypass": lambda s: Sync(s, bypass=True),  # verl's rollout_correction.bypass_mode: no old-log-prob pass
-    "separate_async": OneStepOff,  # verl's one-step-off trainer as events (shares a CPU machine's cores)
+    # verl's separate_async as its code runs: continuous generation, aborted and resumed at every sync
+    "separate_async": SeparateAsync,
+    "one_step_off": OneStepOff,  # a strict one-step-off schedule as events (a barrier every step)
     "one_step": lambda s: Pipelined(s, streaming=False),
     "streaming": lambda s: Pipelined(s, streaming=True),
     "areal": AReaL,
