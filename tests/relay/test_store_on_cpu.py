@@ -121,7 +121,11 @@ def test_a_hold_is_refused_without_room_for_one_more_copy(tmp_path, monkeypatch)
 
     store = RelayStore(str(tmp_path / "s"), keep=2)
     store.commit(_fill(store, 1, os.urandom(2048)))
+    store.commit(_fill(store, 2, os.urandom(2048)))  # 2 copies stored: room for a third is what a hold needs
     monkeypatch.setattr(store_mod, "free_bytes", lambda root: 2047)
     assert not store.hold(1)
     monkeypatch.setattr(store_mod, "free_bytes", lambda root: 2048)
-    assert store.hold(1)
+    assert store.hold(1) and store.hold(1)  # holding it again is no second copy
+    assert not store.hold(2)  # a fourth copy does not fit
+    monkeypatch.setattr(store_mod, "free_bytes", lambda root: 2 * 2048)
+    assert store.hold(2) and store.held() == [1, 2]

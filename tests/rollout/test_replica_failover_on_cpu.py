@@ -328,3 +328,51 @@ def test_without_a_replacement_coming_a_group_is_lost_not_parked():
         assert relay.held == [] and router.drain_events()["failures"][0]["parked"] == []
 
     asyncio.run(main())
+
+
+def test_relays_hold_a_lagging_replicas_version_while_it_has_open_groups_and_release_it_after():
+    """The hang a chaos run found: a replica stopped mid-batch is found dead 30 s later, when newer publications
+    have evicted its version. Its version is held from the first newer publication on, so its groups can park."""
+    async def main():
+        relay = HoldingRelay(readable=(0, 1))
+        router, servers, client, loads = await _setup(2, gpb=1)
+        shell = ActorShell(relay)
+        router._relays = {0: shell, 1: shell}
+        pin = await router.assign_group("ga", 1)
+        await asyncio.sleep(0.05)
+        assert relay.held == []  # v0 is the newest: nothing to hold
+        await router.on_publish(1)
+        await _await_until(router, lambda: relay.held == [0])  # ga's replica lags: its version is held
+        assert router._holds.held == {0}
+        await router.finish_group("ga")  # its batch ends: it refreshes, v0 is needed no more
+        await _await_until(router, lambda: relay.released == [0])
+        assert router._holds.held == set()
+        await router.close()
+
+    asyncio.run(main())
+
+
+def test_a_refused_hold_is_not_asked_again_and_the_groups_of_a_death_are_then_lost():
+    async def main():
+        relay = HoldingRelay(readable=(1,))  # no room (or gone): every hold of version 0 is refused
+        router, servers, client, loads = await _setup(2, gpb=1)
+        router._replacements_left = 1
+        shell = ActorShell(relay)
+        router._relays = {0: shell, 1: shell}
+        pin = await router.assign_group("ga", 1)
+        await router.on_publish(1)
+        await _await_until(router, lambda: relay.held == [0])
+        for _ in range(5):
+            router._pump()
+        await asyncio.sleep(0.05)
+        assert relay.held == [0]  # refused once, not asked again while it stays wanted
+        GROUP_PIN.set(pin)
+        req = asyncio.create_task(client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={}))
+        await servers[pin.replica_id].started.wait()
+        servers[pin.replica_id].die()
+        with pytest.raises(ReplicaLost):  # parked, asked once more, refused: lost
+            await asyncio.wait_for(req, 5.0)
+        assert relay.held == [0, 0]
+        await router.close()
+
+    asyncio.run(main())

@@ -187,19 +187,29 @@ class RelayStore:
 
     def hold(self, version: int) -> bool:
         """Keep ``version`` readable, beyond ``keep``, until ``release``; False if it is not readable now, or if the
-        filesystem has no room for one more copy: a held version stays while the next ones arrive, and a node sized
-        for ``keep`` copies would then fail to receive them (the caller gives up what it wanted to hold instead)."""
+        filesystem cannot hold ``keep`` copies, the spare and every held version at once: a held version stays while
+        the next ones arrive, which a node without that room would then fail to receive (the caller gives up what it
+        wanted to hold instead)."""
+        v = int(version)
         with self._lock:
-            stored = self._versions.get(int(version))
+            stored = self._versions.get(v)
             if stored is None:
                 return False
-            if int(version) not in self._held and free_bytes(self.root) < stored.manifest.total_bytes:
-                logger.warning("relay store %s: no room to hold version %d beyond keep_versions=%d (%d bytes free, "
-                               "%d needed)", self.root, version, self.keep, free_bytes(self.root),
-                               stored.manifest.total_bytes)
+            if v in self._held:
+                return True
+            size = stored.manifest.total_bytes
+            need = (self.keep + len(self._held) + 1) * size + sum(self._spares)
+            have = free_bytes(self.root) + self.data_bytes()
+            if need > have:
+                logger.warning("relay store %s: no room to hold version %d beyond keep_versions=%d (%d held; needs "
+                               "%d bytes, has %d)", self.root, v, self.keep, len(self._held), need, have)
                 return False
-            self._held.add(int(version))
+            self._held.add(v)
             return True
+
+    def held(self) -> list[int]:
+        with self._lock:
+            return sorted(self._held)
 
     def release(self, version: int) -> None:
         """End a ``hold``; the version is evicted now if ``keep`` newer versions are readable."""

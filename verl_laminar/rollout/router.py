@@ -366,6 +366,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
             raise RuntimeError(f"the router stopped after a failed refresh: {self._error!r}") from self._error
 
     def _pump(self) -> None:
+        self._sync_holds()  # the relays keep what a death would need (rollout.router_failover, rollout.holds)
         if self._published is None or self._closed:
             return  # nothing published yet (replicas hold no weights), or shutting down
         plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)

@@ -12,7 +12,8 @@ counts, events and waiters). Dataflow:
         replaces): it joins unloaded; its first refresh pulls the newest version from its relay, then it takes
         groups; a start that failed: replacement_failed(dead)
 A dead replica's groups move to live replicas of their version. With none, and a replacement on its way, they are
-parked: every relay holds their version (``Relay.hold``), their requests wait, and the replacement loads that
+parked: every relay holds their version (``rollout.holds``: held already while their replica lived, if it lagged
+behind the newest), their requests wait, and the replacement loads that
 version first (not the newest), adopts the groups (their requests continue there from the pool), takes nothing
 else, and refreshes to the newest once they finish. A replica that loads the version meanwhile adopts them too.
 Otherwise (no replacement coming, a relay no longer holding the version, the replacement failed) they are lost:
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, RoutingError, add_replica, apply_plan
 from verl_laminar.policy.dispatch import close_batch, move_group
 from verl_laminar.policy.replica_loss import fail_replica
+from verl_laminar.rollout.holds import RelayHolds
 
 if TYPE_CHECKING:
     from verl_laminar.rollout.router import ReplicaHandles
@@ -45,7 +47,7 @@ class ReplicaFailover:
         self._parked: dict[int, set[str]] = {}  # version -> a dead replica's groups waiting for a replacement on it
         self._park_futs: dict[str, asyncio.Future] = {}  # parked group -> set when adopted or lost
         self._loading_parked: dict[int, int] = {}  # replacement -> the parked version it loads
-        self._held: set[int] = set()  # versions the relays hold for parked groups
+        self._holds = RelayHolds(lambda: self._relays.values())  # versions kept beyond keep_versions (rollout.holds)
         self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
         self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
         self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
@@ -221,29 +223,20 @@ class ReplicaFailover:
         self._parked.setdefault(int(version), set()).update(groups)
         for g in groups:
             self._park_futs.setdefault(g, loop.create_future())
-        self._spawn(self._hold(int(version)))
+        self._sync_holds()  # usually held already (its replica had open groups); else held now, or the groups lost
 
-    async def _hold(self, version: int) -> None:
-        """Every relay keeps ``version`` readable until its groups are adopted or lost; one that no longer holds
-        it (evicted before the death was seen) loses them at once."""
-        relays = list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays.values()}.values())
-        try:
-            held = all(await asyncio.gather(*(r.hold.remote(version) for r in relays)))
-            why = f"version {version} is no longer on every relay (laminar.relay.keep_versions)"
-        except Exception as e:  # noqa: BLE001 - a relay gone: the version cannot be counted on
-            held, why = False, f"holding version {version} on the relays failed: {e!r}"
-        self._held.add(version)  # released with the groups, also when the hold failed on some relays
-        if not held:
-            self._lose_parked(version, why)
-        elif version not in self._parked:  # adopted or lost while the hold was on its way
-            await self._release_hold(version)
+    def _want_held(self) -> set[int]:
+        """Versions a death would need that the relays may evict: a live replica's with open groups, older than the
+        newest published (the next publication evicts it first), and the parked ones."""
+        newest = -1 if self._published is None else self._published
+        return {r.version for r in self._state.replicas
+                if r.alive and r.open_groups and 0 <= r.version < newest} | set(self._parked)
 
-    async def _release_hold(self, version: int) -> None:
-        if version not in self._held or version in self._parked:
+    def _sync_holds(self) -> None:
+        if not self._relays or self._closed:
             return
-        self._held.discard(version)
-        relays = list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays.values()}.values())
-        await asyncio.gather(*(r.release.remote(version) for r in relays), return_exceptions=True)
+        if self._holds.stale(self._want_held(), set(self._parked)):
+            self._spawn(self._holds.reconcile(self._want_held, lambda: set(self._parked), self._lose_parked))
 
     async def _parked_outcome(self, group_id: str) -> None:
         """Wait while the group is parked (until a replica adopts it, or it is lost)."""
@@ -267,7 +260,6 @@ class ReplicaFailover:
                                         "t": self._clock()})
         logger.warning("replica %d serves version %d: it adopts the %d groups parked on it %s", replica_id, version,
                        len(groups), groups)
-        self._spawn(self._release_hold(version))
 
     def _lose_parked(self, version: int, why: str) -> None:
         groups = sorted(self._parked.pop(version, ()))
@@ -283,7 +275,6 @@ class ReplicaFailover:
                                          "lost_validation": [g for g in groups if g in self._validate],
                                          "complete": [], "parked": [], "followup": True})
         logger.error("the %d groups parked on version %d are lost: %s", len(groups), version, why)
-        self._spawn(self._release_hold(version))
 
     def _lose_unserved(self, why: str, every: bool = False) -> None:
         """Parked versions beyond what the replacements on their way (or loading) can serve are lost, oldest first;

@@ -1,0 +1,85 @@
+"""Which weight versions every relay keeps beyond ``laminar.relay.keep_versions`` (``Relay.hold``), kept in step with
+what the router wants.
+
+The router wants held (``LaminarRouter._want_held``): the version of each live replica that has open groups and is
+older than the newest published (the next publication would evict it, and a death of that replica would leave its
+groups nowhere to continue), and every version a dead replica's groups are parked on (they *must* stay readable
+until a replacement has loaded them). A relay refuses a hold it has no room for (``RelayStore.hold``); a refused
+version is not asked again while it is wanted, and a refused parked version loses its groups (``lose``).
+
+Dataflow: router event -> ``stale(want, must)``? -> one ``reconcile`` at a time: hold what is wanted and not held,
+release what is held and no longer wanted, until nothing changes (the wanted set is read again after every call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Iterable
+
+logger = logging.getLogger(__name__)
+
+
+class RelayHolds:
+    """``relays()``: the relay handles now (one per node; a handle may appear for several replicas)."""
+
+    def __init__(self, relays: Callable[[], Iterable[Any]]) -> None:
+        self._relays = relays
+        self.held: set[int] = set()
+        self.refused: set[int] = set()
+        self._busy = False
+
+    def _unique(self) -> list:
+        return list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays()}.values())
+
+    def stale(self, want: set[int], must: set[int]) -> bool:
+        return bool((want - self.held - self.refused) or (must - self.held) or (self.held - want))
+
+    async def _hold(self, version: int) -> tuple[bool, str]:
+        relays = self._unique()
+        try:
+            ok = all(await asyncio.gather(*(r.hold.remote(version) for r in relays)))
+            return ok, f"version {version} is no longer on every relay, or a relay has no room to hold it " \
+                       "(laminar.relay.keep_versions, /dev/shm)"
+        except Exception as e:  # noqa: BLE001 - a relay gone: the version cannot be counted on
+            return False, f"holding version {version} on the relays failed: {e!r}"
+
+    async def _release(self, version: int) -> None:
+        try:
+            await asyncio.gather(*(r.release.remote(version) for r in self._unique()), return_exceptions=True)
+        except Exception as e:  # noqa: BLE001 - a relay without the call or gone: nothing of it is held
+            logger.debug("releasing version %d: %r", version, e)
+
+    async def reconcile(self, want: Callable[[], set[int]], must: Callable[[], set[int]],
+                        lose: Callable[[int, str], None]) -> None:
+        if self._busy:  # the running one reads ``want`` again before it returns
+            return
+        self._busy = True
+        try:
+            while True:
+                w, m = want(), must()
+                add = sorted((w - self.held - self.refused) | (m - self.held))
+                drop = sorted(self.held - w)
+                if not add and not drop:
+                    return
+                for v in add:
+                    ok, why = await self._hold(v)
+                    if ok:
+                        self.held.add(v)
+                        self.refused.discard(v)
+                        logger.info("relays hold version %d (a replica with open groups, or parked groups, needs it)",
+                                    v)
+                        continue
+                    self.refused.add(v)
+                    await self._release(v)  # the relays that did hold it
+                    if v in must():
+                        lose(v, why)
+                    else:
+                        logger.warning("relays do not hold version %d: %s; if its replica dies, its groups are lost",
+                                       v, why)
+                for v in drop:
+                    self.held.discard(v)
+                    await self._release(v)
+                self.refused &= want()  # a version wanted again later is asked again
+        finally:
+            self._busy = False
