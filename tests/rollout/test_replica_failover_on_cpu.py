@@ -376,3 +376,21 @@ def test_a_refused_hold_is_not_asked_again_and_the_groups_of_a_death_are_then_lo
         await router.close()
 
     asyncio.run(main())
+
+
+def test_a_parked_group_whose_requests_all_gave_up_leaves_nothing_for_the_replacement_to_load():
+    async def main():
+        relay = HoldingRelay()
+        router, servers, client, loads, pin, req = await _setup_parking(relay)
+        servers[pin.replica_id].die()
+        await _await_until(router, lambda: router._parked == {0: {"ga"}})
+        req.cancel()
+        await router.finish_group("ga")  # verl ended the group (its requests gave up)
+        assert router._parked == {} and router._park_futs == {}
+        servers[2] = MortalServer(2)
+        router.add_replica(ReplicaHandles(2, "a2", ActorShell(servers[2])), replaces=pin.replica_id)
+        await _await_until(router, lambda: router.versions()[2] == 1)  # the newest, not the abandoned version 0
+        assert (2, 0) not in loads
+        await router.close()
+
+    asyncio.run(main())

@@ -285,8 +285,10 @@ class ReplicaFailover:
 
     def _unpark(self, group_id: str) -> None:
         """The group finished while parked (every request of it gave up)."""
-        for groups in self._parked.values():
-            groups.discard(group_id)
+        for v in list(self._parked):
+            self._parked[v].discard(group_id)
+            if not self._parked[v]:  # nothing left to wait for that version (no replacement loads it for nothing)
+                del self._parked[v]
         fut = self._park_futs.pop(group_id, None)
         if fut is not None:
             fut.set_result(None)
