@@ -17,6 +17,8 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterable
 
+from verl_laminar.policy.holds import hold_plan
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,7 +35,8 @@ class RelayHolds:
         return list({getattr(h, "_actor_id", None) or id(h): h for h in self._relays()}.values())
 
     def stale(self, want: set[int], must: set[int]) -> bool:
-        return bool((want - self.held - self.refused) or (must - self.held) or (self.held - want))
+        add, drop = hold_plan(want, must, self.held, self.refused)
+        return bool(add or drop)
 
     async def _hold(self, version: int) -> tuple[bool, str]:
         relays = self._unique()
@@ -57,9 +60,7 @@ class RelayHolds:
         self._busy = True
         try:
             while True:
-                w, m = want(), must()
-                add = sorted((w - self.held - self.refused) | (m - self.held))
-                drop = sorted(self.held - w)
+                add, drop = hold_plan(want(), must(), self.held, self.refused)
                 if not add and not drop:
                     return
                 for v in add:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, RoutingError, add_replica, apply_plan
 from verl_laminar.policy.dispatch import close_batch, move_group
+from verl_laminar.policy.holds import versions_to_hold
 from verl_laminar.policy.replica_loss import fail_replica
 from verl_laminar.rollout.holds import RelayHolds
 
@@ -226,11 +227,7 @@ class ReplicaFailover:
         self._sync_holds()  # usually held already (its replica had open groups); else held now, or the groups lost
 
     def _want_held(self) -> set[int]:
-        """Versions a death would need that the relays may evict: a live replica's with open groups, older than the
-        newest published (the next publication evicts it first), and the parked ones."""
-        newest = -1 if self._published is None else self._published
-        return {r.version for r in self._state.replicas
-                if r.alive and r.open_groups and 0 <= r.version < newest} | set(self._parked)
+        return versions_to_hold(self._state, self._published, self._parked)  # policy.holds
 
     def _sync_holds(self) -> None:
         if not self._relays or self._closed:

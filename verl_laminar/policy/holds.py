@@ -1,0 +1,25 @@
+"""Which weight versions the relays should keep beyond ``laminar.relay.keep_versions`` (pure; ``rollout.holds``
+carries the plan out on the relays).
+
+A version is wanted while a live replica with open groups serves it and it is older than the newest published (the
+next publication would evict it first, and a death of that replica would leave its groups nowhere to continue), and
+while a dead replica's groups are parked on it (``must``: it has to stay readable until a replacement loads it).
+A version a relay refused is not asked again while it stays wanted, unless it must be held.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from verl_laminar.policy.dispatch import DispatchState
+
+
+def versions_to_hold(state: DispatchState, published: Optional[int], parked: Iterable[int]) -> set[int]:
+    newest = -1 if published is None else int(published)
+    return {r.version for r in state.replicas
+            if r.alive and r.open_groups and 0 <= r.version < newest} | {int(v) for v in parked}
+
+
+def hold_plan(want: set[int], must: set[int], held: set[int], refused: set[int]) -> tuple[list[int], list[int]]:
+    """(versions to hold now, versions to release now)."""
+    return sorted((want - held - refused) | (must - held)), sorted(held - want)
