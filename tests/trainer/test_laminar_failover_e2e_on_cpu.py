@@ -27,6 +27,11 @@ STEPS = {"kill": 14, "hang": 3, "garbage": 3}
 KILLED = 1
 REPLACEMENT = 2  # the next rank: the run's replicas are 0 and 1
 POOL_KILLED = 4
+# The hang run must find its stopped replica within its 3 steps, so it judges silence after 10 s. The other runs
+# keep the CPU recipe's 30 s: on 2 cores the trainer's update (at a higher CPU priority than the rollouts) and a
+# replacement's start can starve a live replica's decode loop for over 10 s, and these runs assert that no live
+# replica is taken for hung (a CI run on a busier host saw exactly that at 10 s).
+DEAD_AFTER_S = {"kill": 30, "hang": 10, "garbage": 30}
 
 
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
@@ -42,7 +47,8 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
     rc, log = run_cpu_laminar(out, tiny_model_dir, *more, f"laminar.fault_injection.kill_replica={KILLED}",
                               "laminar.fault_injection.kill_after_step=1",
                               f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
-                              "laminar.pool.flush_interval_s=0.2", "laminar.heartbeat.dead_after_s=10", steps=STEPS[fault])
+                              "laminar.pool.flush_interval_s=0.2", f"laminar.heartbeat.dead_after_s={DEAD_AFTER_S[fault]}",
+                              steps=STEPS[fault])
     (out / "log.txt").write_text(log)
     assert rc == 0, log[-6000:]
     timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
