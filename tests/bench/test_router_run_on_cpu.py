@@ -10,35 +10,28 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from laminar_testing import ActorShell
 
 from verl_laminar import metrics as lm
 from verl_laminar.bench.repack import Workload, check_run
 from verl_laminar.bench.router_run import RouterRun
 
 
-class _Method:
-    """``actor.method.remote(...)`` of a Ray actor: an awaitable."""
-
-    def __init__(self, fn) -> None:
-        self._fn = fn
-
-    def remote(self, *args, **kwargs):
-        out = self._fn(*args, **kwargs)
-        return out if asyncio.iscoroutine(out) else asyncio.sleep(0, result=out)
-
-
 class FakeEngine:
     def __init__(self, rid: int, unfinished: frozenset = frozenset()) -> None:
         self.rid, self.version, self.live, self.loads = rid, -1, 0, []
         self.unfinished = unfinished  # request ids answered with finished=False (as if aborted)
-        self.generate = _Method(self._generate)
-        self.load_weights = _Method(self._load)
-        self.stats = _Method(lambda: {"kv_used": 0.1 * self.live, "kv_tokens": self.live, "kv_capacity": 100,
-                                      "waiting": 0})
-        self.abort_request = _Method(lambda vid, reset_prefix_cache=False: {"aborted": False})
-        self.__ray_ready__ = _Method(lambda: True)
 
-    async def _generate(self, vid, prompt, params, pool_key=None, pool_offset=0):
+    def stats(self) -> dict:
+        return {"kv_used": 0.1 * self.live, "kv_tokens": self.live, "kv_capacity": 100, "waiting": 0}
+
+    def abort_request(self, vid: str, reset_prefix_cache: bool = False) -> dict:
+        return {"aborted": False}
+
+    def __ray_ready__(self) -> bool:
+        return True
+
+    async def generate(self, vid, prompt, params, pool_key=None, pool_offset=0):
         self.live += 1
         await asyncio.sleep(0.001 * params["max_tokens"] / 8)
         self.live -= 1
@@ -46,7 +39,7 @@ class FakeEngine:
         return {"token_ids": [self.version] * n, "log_probs": [0.0] * n, "finished": vid not in self.unfinished,
                 "version": self.version, "replica_id": self.rid}
 
-    async def _load(self, version, blob):
+    async def load_weights(self, version, blob):
         assert self.live == 0, f"replica {self.rid} loads version {version} with {self.live} requests running"
         assert blob == f"bytes of v{version}"
         self.version = version
@@ -62,7 +55,7 @@ def _run(engines: dict, work: Workload, publish_every: int = 2):
 def test_every_group_runs_on_one_version_and_publications_reach_the_replicas():
     work = Workload.make(n_groups=8, n=3, max_tokens=96, median=20, seed=1)
     engines = {i: FakeEngine(i) for i in range(2)}
-    res = _run(engines, work)
+    res = _run({i: ActorShell(e) for i, e in engines.items()}, work)
     assert check_run(res, work) == {"lost_trajectories": 0, "mixed_version": 0, "migrated_trajectories": 0}
     for key, t in res.trajectories.items():
         assert set(t.token_ids()) == {t.version}, key  # made by the version its pieces are labelled with
@@ -77,6 +70,6 @@ def test_every_group_runs_on_one_version_and_publications_reach_the_replicas():
 
 def test_a_piece_that_ends_unfinished_without_a_move_stops_the_run():
     work = Workload.make(n_groups=2, n=2, max_tokens=48, median=20, seed=1)
-    engines = {0: FakeEngine(0, unfinished=frozenset({"g0001_1.0"})), 1: FakeEngine(1, frozenset({"g0001_1.0"}))}
+    engines = {i: ActorShell(FakeEngine(i, unfinished=frozenset({"g0001_1.0"}))) for i in range(2)}
     with pytest.raises(RuntimeError, match=r"g0001_1\.0: ended unfinished on replica \d without being moved"):
         _run(engines, work)
