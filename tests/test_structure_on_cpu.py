@@ -67,7 +67,6 @@ MAX_LINES = 400
 # (the test fails), so the list only shrinks.
 OVER_LIMIT = {
     "verl_laminar/ft/runtime.py": "the side runtime, removed when the fleet drives failover (one-fleet issue)",
-    "verl_laminar/bench/repack.py": "its Coordinator is the third dispatch loop, replaced by the fleet's",
 }
 
 
@@ -77,3 +76,35 @@ def test_no_module_is_over_400_lines():
     assert not over, f"modules over {MAX_LINES} lines (split them by responsibility): {over}"
     stale = [p for p in OVER_LIMIT if sizes.get(p, 0) <= MAX_LINES]
     assert not stale, f"no longer over the limit (or gone): remove from OVER_LIMIT: {stale}"
+
+
+# The dispatch and repack policies are executed by one loop, the router's (rollout.router; the benchmarks drive
+# it, bench.router_run). The side runtime is the one other loop left, and goes with it (one-fleet issue).
+LOOP = "verl_laminar/rollout/router.py"
+OTHER_LOOPS = {"verl_laminar/ft/runtime.py"}
+LOOP_CALLS = {"plan_dispatch", "apply_moves", "RepackRounds"}
+
+
+def _calls(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            out.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return out
+
+
+def test_one_loop_executes_the_dispatch_and_repack_policies():
+    callers = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE.parent))
+        if rel.startswith(("verl_laminar/policy/", "verl_laminar/rollout/repack.py")):
+            continue  # where the policies and the repack executor's pieces are defined
+        found = _calls(ast.parse(path.read_text(), rel)) & LOOP_CALLS
+        if found:
+            callers[rel] = sorted(found)
+    assert LOOP in callers, f"the router no longer executes {sorted(LOOP_CALLS)}: {callers}"
+    extra = sorted(set(callers) - {LOOP} - OTHER_LOOPS)
+    assert not extra, f"a second loop executes the dispatch or repack policy (drive the router instead): {extra}"
+    stale = sorted(OTHER_LOOPS - set(callers))
+    assert not stale, f"gone: remove from OTHER_LOOPS: {stale}"

@@ -76,10 +76,12 @@ def test_migrated_trajectory_replays_the_unmigrated_one(replicas):
     assert t.log_probs() == pytest.approx(ref["log_probs"], abs=1e-3)
 
 
-def test_bench_coordinator_moves_tails_and_loses_nothing(replicas, tiny_model_dir):
-    """The bench's executor on real replicas: migrations happen, no trajectory is lost or mixes versions,
-    and (greedy, one version) every trajectory's tokens equal those of the run without repack."""
-    from verl_laminar.bench.repack import Coordinator, Workload, check_run, parse_args, version_blobs
+def test_the_routers_repack_moves_tails_and_loses_nothing(replicas, tiny_model_dir):
+    """The product's router (``rollout.router.LaminarRouter``, as ``bench.repack`` drives it) over real
+    replicas: migrations happen, no trajectory is lost or mixes versions, and (greedy, one version) every
+    trajectory's tokens equal those of the run without repack."""
+    from verl_laminar import metrics as lm
+    from verl_laminar.bench.repack import Workload, check_run, parse_args, run_workload, version_blobs
 
     import ray
 
@@ -88,18 +90,14 @@ def test_bench_coordinator_moves_tails_and_loses_nothing(replicas, tiny_model_di
     blobs = [ray.put(b) for b in version_blobs(str(tiny_model_dir), 2)]
     work = Workload.make(args.groups, args.n, args.max_tokens, args.median, seed=3)
 
-    async def run(repack):
-        await asyncio.gather(*(r.load_weights.remote(0, blobs[0]) for r in replicas.values()))
-        return await Coordinator(replicas, blobs, work, args, repack=repack, max_batch_b=8).run()
-
     t0 = time.monotonic()
-    off = asyncio.run(run(False))
-    on = asyncio.run(run(True))
+    off = asyncio.run(run_workload(replicas, blobs, work, args, repack=False, max_batch_b=8))
+    on = asyncio.run(run_workload(replicas, blobs, work, args, repack=True, max_batch_b=8))
     assert check_run(off, work) == {"lost_trajectories": 0, "mixed_version": 0, "migrated_trajectories": 0}
+    assert off.repack_metrics[lm.REPACK_MIGRATIONS] == 0
     got = check_run(on, work)
     assert got["lost_trajectories"] == 0 and got["mixed_version"] == 0
-    assert on.rounds.metrics.migrations >= 1 and got["migrated_trajectories"] >= 1, on.rounds.metrics
+    assert on.repack_metrics[lm.REPACK_MIGRATIONS] >= 1 and got["migrated_trajectories"] >= 1, on.repack_metrics
     for key, t in on.trajectories.items():
         assert t.token_ids() == off.trajectories[key].token_ids(), key
     assert time.monotonic() - t0 < 300
-

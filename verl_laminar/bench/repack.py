@@ -3,21 +3,21 @@
     python -m verl_laminar.bench.repack --json [--replicas 4 --groups 48 --repeats 1 ...]
 
 Workload (identical for both modes, one process tree): ``--replicas`` vLLM-CPU engines, each a Ray
-actor (``rollout.engine_replica``), fed prompt groups by Laminar's dispatcher (``policy.dispatch``: a
-replica takes ``--groups-per-batch`` groups of ``--n`` responses per batch and refreshes to the newest
-version only when its batch ends). Response lengths come from ``policy.lengths.SkewedLengths`` (p99 = 10x
-median) and are forced with ``ignore_eos``. A new weight version (real bytes: the fixture model plus
-seeded noise, loaded into vLLM through ``collective_rpc``) is published every ``--publish-every``
-finished groups, standing in for the trainer. With repack on, ``rollout.repack.RepackRounds`` plans from
-the replicas' vLLM KV-cache readings every ``--interval`` s and after each publication; the executor
-moves the source's groups (``policy.dispatch.move_group``), aborts its requests and resumes every
-trajectory on the target with prompt + partial response (``policy.migration``).
+actor (``rollout.engine_replica``), fed prompt groups by the product's router (``rollout.router.LaminarRouter``,
+run in this process through ``bench.router_run``): a replica takes ``--groups-per-batch`` groups of ``--n``
+responses per batch and refreshes to the newest version only when its batch ends. Response lengths come from
+``policy.lengths.SkewedLengths`` (p99 = 10x median) and are forced with ``ignore_eos``. A new weight version
+(real bytes: the fixture model plus seeded noise, loaded into vLLM through ``collective_rpc``) is published
+every ``--publish-every`` finished groups, standing in for the trainer. With repack on, the router's repack
+rounds (``rollout.repack.RepackRounds``) plan from the engines' KV-cache readings every ``--interval`` s and
+after each publication; the router moves the source's groups (``policy.dispatch.move_group``) and aborts its
+requests, and each trajectory resumes on the target with prompt + partial response (``policy.migration``).
 
 B (the most sequences a repack target may hold) comes from a decode profile measured on replica 0 with
 the run's sampling settings, as the batch where the profile's compute slope catches up with the
 single-sequence step (``policy.roofline.crossover_batch_from_profile``), unless ``--max-batch-b`` is given.
 
-Modes alternate off/on ``--repeats`` times on the same replicas (weights reset to version 0 each run);
+Modes alternate off/on ``--repeats`` times on the same replicas (each run's router loads version 0 first);
 the JSON reports the means and every run, under the provenance record (``bench.provenance``: date, machine,
 command, commit, load average at start). ``--results docs/results`` also writes it to
 ``docs/results/bench_repack_<date>.json`` (``bench_pool_overhead_<date>.json`` with ``--pool-overhead``).
@@ -33,26 +33,17 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl_laminar import metrics as lm
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.bench.router_run import RouterRun, RunResult
 from verl_laminar.platform.procs import reap
-from verl_laminar.policy.dispatch import (
-    DispatchConfig,
-    apply_plan,
-    complete_refresh,
-    finish_group,
-    initial_state,
-    plan_dispatch,
-    route,
-)
 from verl_laminar.policy.lengths import SkewedLengths
-from verl_laminar.policy.migration import Piece, Trajectory
 from verl_laminar.policy.repack import RepackConfig
 from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
-from verl_laminar.rollout.repack import RepackRounds, apply_moves
+from verl_laminar.rollout.router import RepackSettings
 
 logger = logging.getLogger("verl_laminar.bench.repack")
 
@@ -100,143 +91,6 @@ class Workload:
         return sum(sum(v) for v in self.lengths.values())
 
 
-@dataclass
-class RunResult:
-    repack: bool
-    makespan_s: float
-    tokens: int
-    trajectories: dict[str, Trajectory]
-    latency_s: list[float]
-    kv_samples: list[float]
-    refreshes: int
-    rounds: RepackRounds
-    version_mix: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-class Coordinator:
-    def __init__(self, replicas: dict[int, Any], blobs: list, work: Workload, args: argparse.Namespace,
-                 repack: bool, max_batch_b: int, pool: Any = None) -> None:
-        self.replicas, self.blobs, self.work, self.args, self.repack = replicas, blobs, work, args, repack
-        self.pool = pool  # partial-response pool actor: every response streams its tokens there in chunks
-        self.cfg = DispatchConfig(args.groups_per_batch)
-        self.state = initial_state(replicas, 0)
-        self.queue = list(work.groups)
-        self.published = 0
-        self.finished_groups = 0
-        self.rounds = RepackRounds(RepackConfig(c_max=args.c_max, max_batch=max_batch_b))
-        self.trajs: dict[str, Trajectory] = {}
-        self.start: dict[str, float] = {}
-        self.latency: list[float] = []
-        self.kv_samples: list[float] = []
-        self.refreshes = 0
-        self.tasks: set[asyncio.Task] = set()
-        self.done = asyncio.Event()
-        self.lock = asyncio.Lock()
-        self.error: Optional[BaseException] = None
-
-    def _spawn(self, coro: Any) -> None:
-        t = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(t)
-        t.add_done_callback(self._reap)
-
-    def _reap(self, t: asyncio.Task) -> None:
-        self.tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None and self.error is None:
-            self.error = t.exception()
-            self.done.set()
-
-    def pump(self) -> None:
-        plan = plan_dispatch(self.state, self.queue, self.published, self.cfg)
-        self.state = apply_plan(self.state, plan, self.cfg)
-        self.queue = list(plan.waiting)
-        for d in plan.refreshes:
-            self._spawn(self.refresh(d.replica_id, d.to_version))
-        for a in plan.assignments:
-            self._spawn(self.run_group(a.group_id))
-
-    async def refresh(self, rid: int, version: int) -> None:
-        await self.replicas[rid].load_weights.remote(version, self.blobs[version])
-        self.state = complete_refresh(self.state, rid, version)
-        self.refreshes += 1
-        self.pump()
-
-    async def run_group(self, gid: str) -> None:
-        t0 = time.monotonic()
-        await asyncio.gather(*(self.run_traj(gid, j, t0) for j in range(len(self.work.lengths[gid]))))
-        self.state, _ = finish_group(self.state, gid)
-        self.finished_groups += 1
-        if self.finished_groups % self.args.publish_every == 0:
-            self.published += 1
-            if self.repack:
-                self._spawn(self.repack_round())  # Laminar also repacks right after each publication
-        if self.finished_groups == len(self.work.groups):
-            self.done.set()
-        self.pump()
-
-    async def run_traj(self, gid: str, j: int, t0: float) -> None:
-        key = f"{gid}_{j}"
-        sampling = {"temperature": self.args.temperature, "ignore_eos": True, "logprobs": True}
-        t = Trajectory(key, tuple(self.work.prompts[gid]), self.work.lengths[gid][j], sampling)
-        self.trajs[key] = t
-        pool_key = None
-        if self.pool is not None:
-            pool_key = f"{key}@{id(self)}"  # unique per run: the pool's keys are never reused
-            await self.pool.open.remote(pool_key, gid, route(self.state, gid).version, list(t.prompt_ids),
-                                        dict(sampling, max_tokens=t.max_tokens))
-        while not t.done:
-            a = route(self.state, gid)
-            prompt, params = t.next_request()
-            out = await self.replicas[a.replica_id].generate.remote(f"{key}.{len(t.pieces)}", prompt, params,
-                                                                    pool_key=pool_key, pool_offset=t.generated)
-            lps = out["log_probs"]
-            t.add(Piece(tuple(out["token_ids"]), None if lps is None else tuple(lps), out["version"],
-                        out["replica_id"], bool(out["finished"])))
-            if not t.done and route(self.state, gid).replica_id == a.replica_id:
-                raise RuntimeError(f"{key}: aborted on replica {a.replica_id} without being moved")
-        if pool_key is not None:
-            await self.pool.close.remote(pool_key)  # it reached the (here implicit) experience buffer
-        self.latency.append(time.monotonic() - t0)
-
-    async def monitor(self) -> None:
-        """Polls every replica's vLLM readings; a repack round every ``interval`` s when repack is on."""
-        next_round = time.monotonic() + self.args.interval
-        while not self.done.is_set():
-            readings = await asyncio.gather(*(r.stats.remote() for r in self.replicas.values()))
-            self.kv_samples.append(sum(r["kv_used"] for r in readings) / len(readings))
-            if self.repack and time.monotonic() >= next_round:
-                next_round = time.monotonic() + self.args.interval
-                await self.repack_round(readings)
-            await asyncio.sleep(self.args.poll)
-
-    async def repack_round(self, readings: Optional[list] = None) -> None:
-        async with self.lock:
-            if readings is None:
-                readings = await asyncio.gather(*(r.stats.remote() for r in self.replicas.values()))
-            taking = {r.replica_id for r in self.state.replicas if self.queue and r.accepts(self.cfg)}
-            plan = self.rounds.plan(readings, taking)
-            if not plan:
-                return
-            t0 = time.monotonic()
-            self.state, applied = apply_moves(self.state, plan, self.cfg)
-            await asyncio.gather(*(self.replicas[m.src].abort.remote(None) for m in applied))
-            self.rounds.record(applied, time.monotonic() - t0, readings)
-            self.pump()
-
-    async def run(self) -> RunResult:
-        t0 = time.monotonic()
-        self.pump()
-        mon = asyncio.get_running_loop().create_task(self.monitor())
-        await self.done.wait()
-        await mon
-        if self.error is not None:
-            raise self.error
-        makespan = time.monotonic() - t0
-        tokens = sum(t.generated for t in self.trajs.values())
-        return RunResult(self.repack, makespan, tokens, self.trajs, self.latency, self.kv_samples,
-                         self.refreshes, self.rounds)
-
-
 def check_run(res: RunResult, work: Workload) -> dict[str, int]:
     """Lost = planned trajectories that did not finish with exactly their planned length."""
     lost = mixed = 0
@@ -261,7 +115,17 @@ def summarize(res: RunResult, work: Workload) -> dict[str, Any]:
                 tokens=res.tokens, planned_tokens=work.total_tokens, refreshes=res.refreshes,
                 kv_use_mean=sum(res.kv_samples) / max(1, len(res.kv_samples)),
                 trajectory_latency_mean=sum(lat) / max(1, len(lat)), trajectory_latency_max=max(lat, default=0.0),
-                **check_run(res, work), **res.rounds.metrics.as_dict())
+                **check_run(res, work), **res.repack_metrics)
+
+
+async def run_workload(replicas: dict[int, Any], blobs: list, work: Workload, args: argparse.Namespace,
+                       repack: bool, max_batch_b: int, pool: Any = None) -> RunResult:
+    """One run of the workload through the product's router (``bench.router_run``); each run starts a new
+    router, which loads version 0 into every engine first."""
+    settings = RepackSettings(RepackConfig(c_max=args.c_max, max_batch=max_batch_b), args.interval) if repack else None
+    sampling = {"temperature": args.temperature, "ignore_eos": True, "logprobs": True}
+    return await RouterRun(replicas, blobs, work, args.groups_per_batch, args.publish_every, sampling,
+                           repack=settings, poll_s=args.poll, pool=pool).run()
 
 
 async def measure_profile(replica: Any, temperature: float, batches: list[int], short: int = 16,
@@ -340,8 +204,7 @@ async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.N
     runs = []
     for rep in range(args.repeats):
         for mode in (False, True):
-            await asyncio.gather(*(r.load_weights.remote(0, blobs[0]) for r in replicas.values()))
-            res = await Coordinator(replicas, blobs, work, args, repack=mode, max_batch_b=b).run()
+            res = await run_workload(replicas, blobs, work, args, repack=mode, max_batch_b=b)
             s = summarize(res, work)
             logger.info("run %d repack=%s: %.1f tok/s, makespan %.1f s, %d migrations, lost %d", rep, mode,
                         s["gen_tokens_per_s"], s["makespan_s"], s[lm.REPACK_MIGRATIONS],
@@ -381,9 +244,8 @@ async def _measure_pool(replicas: dict, blobs: list, work: Workload, args: argpa
     runs = []
     for rep in range(args.repeats):
         for with_pool in (False, True):
-            await asyncio.gather(*(r.load_weights.remote(0, blobs[0]) for r in replicas.values()))
-            res = await Coordinator(replicas, blobs, work, args, repack=False, max_batch_b=1,
-                                    pool=pool if with_pool else None).run()
+            res = await run_workload(replicas, blobs, work, args, repack=False, max_batch_b=1,
+                                     pool=pool if with_pool else None)
             s = summarize(res, work)
             s["pool"] = with_pool
             logger.info("run %d pool=%s: %.1f tok/s, makespan %.1f s", rep, with_pool, s["gen_tokens_per_s"],

@@ -4,7 +4,8 @@ The glue between vLLM's ``AsyncLLM`` and repack (``policy.repack``, ``policy.mig
     generate(request_id, prompt_ids, params) -> streams the request (DELTA outputs), keeping every token
         and rollout log-prob as it arrives; returns a piece {token_ids, log_probs, finished, version}
     abort(request_ids) -> cancels those streams; their ``generate`` calls return what was streamed so far
-        with finished=False (vLLM frees the request's KV cache when the stream is cancelled)
+        with finished=False (vLLM frees the request's KV cache when the stream is cancelled);
+        abort_request(request_id) is the same for one request, as verl's server answers the router
     stats() -> the monitor's reading: KV-cache use and running/waiting counts from vLLM's scheduler stats
         (a ``StatLoggerBase`` sees them every engine step; verl turns stats off, here they are on)
     load_weights(version, blob) -> safetensors bytes into the model (the replica's refresh)
@@ -182,6 +183,12 @@ class EngineReplica:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return ids
+
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = False) -> dict:
+        """verl's ``vLLMHttpServer.abort_request`` as Laminar's router calls it: one request, by the id the router
+        chose; ``aborted`` is False when it is not running here (finished, or not yet admitted: the router
+        retries). The prefix cache is left alone either way."""
+        return {"aborted": bool(await self.abort([request_id]))}
 
     def stats(self) -> dict:
         s = dict(self._stats)

@@ -19,9 +19,8 @@ A replica refreshes only when its own batch ended and nothing of it is in flight
 A refresh (``rollout.refresh.ReplicaRefresh``) waits until the replica's relay committed the version, with
 deadlines that scale with the version's size and the chain's length, and retries a failed wait or load.
 It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
-``acquire_server`` without a pin raises, because an unpinned request could run on any version.
-
-A replica dies: see ``rollout.router_failover`` (failover, and the replacements that join).
+``acquire_server`` without a pin raises, because an unpinned request could run on any version. A replica dies:
+``rollout.router_failover``. ``bench.repack`` drives this same loop over its own engines (``bench.router_run``).
 """
 
 from __future__ import annotations
@@ -305,7 +304,8 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         return await asyncio.to_thread(self._reader or vllm_metrics.read, replica.address)
 
     async def _repack_round(self) -> None:
-        """One round; a monitor failure skips the round (repack is an optimisation, never a reason to stop)."""
+        """One round; a monitor failure skips the round (repack is an optimisation, never a reason to stop). A replica
+        counts as still taking groups (not in its tail) only while groups wait in the queue."""
         if self._closed:
             return
         async with self._repack_lock:
@@ -320,7 +320,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                          "kv_tokens": g.kv_tokens, "kv_capacity": g.kv_capacity_tokens,
                          "running_ids": sorted(self._requests[r.replica_id]), "waiting": g.waiting,
                          "kv_used": g.kv_used} for r, g in zip(live, got)]
-            taking = {r.replica_id for r in self._state.replicas if r.accepts(self._cfg)}
+            taking = {r.replica_id for r in self._state.replicas if self._queue and r.accepts(self._cfg)}
             plan = self._rounds.plan(readings, taking)
             if not plan:
                 return
