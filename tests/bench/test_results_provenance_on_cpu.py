@@ -147,7 +147,6 @@ def test_the_simulator_writes_its_result_with_provenance(tmp_path, argv, stem):
     ("verl_laminar.bench.repack", ["--pool-overhead"], "bench_pool_overhead"),
     ("verl_laminar.bench.relay", ["--sweep"], "bench_relay_sweep"),
     ("verl_laminar.bench.relay", ["--relays", "16"], "bench_relay_p16"),
-    ("verl_laminar.chaos.runtime", ["--results-name", "chaos_quiet"], "chaos_quiet"),
     ("verl_laminar.chaos.product", [], "chaos_product"),
 ])
 def test_a_benchmark_refuses_to_overwrite_a_result_before_it_starts(tmp_path, module, argv, stem):

@@ -1,2 +1,2 @@
-"""Chaos benchmarks: on the product (``python -m verl_laminar.chaos``, faults injected into ``main_ppo
-+laminar=enabled``) and on the side runtime (``python -m verl_laminar.chaos.runtime``)."""
+"""Chaos on the product: seeded faults injected into ``main_ppo +laminar=enabled`` (``python -m verl_laminar.chaos``,
+``chaos.product``), reported from the launches' logs (``chaos.report``)."""

@@ -1,5 +1,5 @@
 """``python -m verl_laminar.chaos``: chaos on the product (``chaos.product``: faults injected into
-``main_ppo +laminar=enabled``). The side runtime's harness is ``python -m verl_laminar.chaos.runtime``."""
+``main_ppo +laminar=enabled``)."""
 
 from verl_laminar.chaos.product import main
 
