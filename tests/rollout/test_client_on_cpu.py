@@ -172,10 +172,10 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, const
 
         work = asyncio.gather(group("ga"), group("gb"))
         await asyncio.sleep(0.05)
-        await router._repack_round()  # both replicas at their peak: nothing falls yet
+        await router._repack.round()  # both replicas at their peak: nothing falls yet
         assert router.snapshot()["repack"]["laminar/repack/migrations"] == 0
         await asyncio.sleep(0.25)  # the short responses are done: each replica holds one long tail
-        await router._repack_round()
+        await router._repack.round()
         results = await work
         snap = router.snapshot()
         assert snap["repack"]["laminar/repack/migrations"] == 1

@@ -280,7 +280,7 @@ def test_a_slow_relay_that_keeps_delivering_chunks_is_waited_for_past_the_floor(
         t0 = time.monotonic()
         assert await router.start(0) == {0: 0}
         assert time.monotonic() - t0 > 0.9 and server.version == 0
-        assert router._version_bytes == relay.total_bytes and router._version_chunks == 16  # learnt for deadlines
+        assert router._loader.version_bytes == relay.total_bytes and router._loader.version_chunks == 16  # learnt for deadlines
 
     caplog.set_level(logging.WARNING)
     asyncio.run(main())

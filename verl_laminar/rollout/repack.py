@@ -1,6 +1,6 @@
 """Repack rounds: replica readings in, a migration plan out, and the ``laminar/repack/*`` counters.
 
-Pure of Ray and vLLM (the executor that aborts and resumes lives with the caller); what it adds to
+Pure of Ray and vLLM (the executor that aborts and resumes is ``rollout.repack_driver``); what it adds to
 ``policy.repack`` is the bookkeeping between rounds: the utilization history per replica, the
 receivers of the previous round (not emptied in this one) and the metrics.
 

@@ -9,18 +9,19 @@ Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``
                        finish_group(uid)      -> the replica's batch may end -> refresh to the newest
                                                  version (refresh_replica) -> it takes the next groups
     trainer            on_publish(v) / drain_events() / snapshot()
-    repack (optional)  every interval and after each publication: read each server's vLLM /metrics, plan
-                       (rollout.repack.RepackRounds), move the source's open groups to the target
-                       (policy.dispatch.move_group) and abort the source's requests; the pinned client sees
-                       the aborted output, asks migrated(request_id) and resumes on the target with
-                       prompt + partial response (same version, remaining budget)
+    repack (optional)  every interval and after each publication (rollout.repack_driver, given a narrow
+                       RepackHost: the router's methods under "repack host"): read each server's vLLM /metrics,
+                       plan (rollout.repack.RepackRounds), move the source's open groups to the target
+                       (apply_repack) and abort the source's requests; the pinned client sees the aborted
+                       output, asks migrated(request_id) and resumes on the target with prompt + partial
+                       response (same version, remaining budget)
 
 A replica refreshes only when its own batch ended and nothing of it is in flight; no other replica waits.
-A refresh (``rollout.refresh.ReplicaRefresh``) waits until the replica's relay committed the version, with
-deadlines that scale with the version's size and the chain's length, and retries a failed wait or load.
-It also implements verl's RequestLoadBalancer protocol so it can stand in for verl's global balancer;
-``acquire_server`` without a pin raises, because an unpinned request could run on any version. A replica dies:
-``rollout.router_failover``. ``bench.repack`` drives this same loop over its own engines (``bench.router_run``).
+A refresh (``rollout.refresh.VersionLoader``, given a narrow ``RefreshHost``: the router's methods under "refresh
+host") waits until the replica's relay committed the version, with deadlines that scale with the version's size and
+the chain's length, and retries a failed wait; the router applies its outcome. verl's RequestLoadBalancer protocol:
+``rollout.balancer``. A replica dies: ``rollout.router_failover``. ``bench.repack`` drives this same loop over its
+own engines (``bench.router_run``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
+    DispatchPlan,
+    RefreshDecision,
     RoutingError,
+    abandon_refresh,
     apply_plan,
+    complete_refresh,
     finish_group,
     initial_state,
     plan_dispatch,
@@ -44,8 +49,10 @@ from verl_laminar.policy.dispatch import (
 from verl_laminar.policy.repack import RepackConfig as RepackPolicy
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
-from verl_laminar.rollout.refresh import ReplicaRefresh, refresh_replica
+from verl_laminar.rollout.balancer import VerlBalancerProtocol
+from verl_laminar.rollout.refresh import LoaderSettings, VersionLoader, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
+from verl_laminar.rollout.repack_driver import RepackDriver
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
 logger = logging.getLogger(__name__)
@@ -77,7 +84,7 @@ async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
     await refresh_replica(replica.workers, version)
 
 
-class LaminarRouter(ReplicaFailover, ReplicaRefresh):
+class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
                  relays: Optional[dict] = None,
@@ -87,16 +94,13 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._replicas = {r.replica_id: r for r in replicas}
         self._by_address = {r.address: r.replica_id for r in replicas}
         self._cfg = DispatchConfig(groups_per_batch)
-        self._refresher = refresher or _default_refresher
-        self._drain_timeout_s, self._clock = drain_timeout_s, clock
+        refresher = refresher or _default_refresher
+        self._clock = clock
         self._relays = dict(relays or {})  # replica -> its machine-local relay actor (newest(), progress())
-        # refresh deadlines scale with the version's size and the chain's length (policy.timeouts); the
-        # size is learnt from the first committed version's manifest, the floor applies until then
-        self._refresh_settings = refresh or RefreshSettings()
-        self._chain_relays = max(1, int(chain_relays))
-        self._version_bytes: Optional[int] = None
-        self._version_chunks: Optional[int] = None
-        self._poll_s = 0.1
+        self._loader = VersionLoader(self, lambda rid: self._relays.get(rid),
+                                     lambda rid, v: refresher(self._replicas[rid], v),
+                                     LoaderSettings(refresh or RefreshSettings(), chain_relays, drain_timeout_s),
+                                     clock)
         self._state = initial_state(self._replicas, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
@@ -115,12 +119,8 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._error: Optional[BaseException] = None
         self._closed = False
         self._requests: dict[int, set[str]] = {rid: set() for rid in self._replicas}  # vLLM ids in flight
-        self._repack = repack
-        self._rounds = RepackRounds(repack.policy) if repack else None
-        self._reader = reader
-        self._migrated: set[str] = set()
-        self._repack_lock = asyncio.Lock()
-        self._repack_task: Optional[asyncio.Task] = None
+        self._repack = (RepackDriver(self, RepackRounds(repack.policy), repack.interval_s, reader, clock)
+                        if repack else None)
 
     # ---- trainer side ----
     async def on_publish(self, version: int) -> None:
@@ -128,8 +128,8 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
             raise ValueError(f"published version {version} is not newer than {self._published}")
         self._published = int(version)
         self._pump()
-        if self._repack is not None and self._repack_task is not None:
-            self._spawn(self._repack_round())  # Laminar repacks right after each publication too
+        if self._repack is not None and self._repack.started:
+            self._spawn(self._repack.round())  # Laminar repacks right after each publication too
 
     async def start(self, version: int, timeout_s: Optional[float] = None) -> dict[int, int]:
         """Publish v0 and wait until every live replica serves it (the same refresh path as later versions).
@@ -145,16 +145,16 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                 raise TimeoutError(f"replicas did not load version {version} in {timeout_s} s: {self.versions()}")
             await asyncio.sleep(0.05)
         self._raise_if_failed()  # every replica died while loading
-        if self._repack is not None and self._repack_task is None:
-            self._repack_task = asyncio.get_running_loop().create_task(self._repack_loop())
+        if self._repack is not None and not self._repack.started:
+            self._repack.start()
         return self.versions()
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
         self._closed = True
         self._lose_unserved("the run is ending", every=True)
-        if self._repack_task is not None:
-            self._repack_task.cancel()
+        if self._repack is not None:
+            self._repack.stop()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
@@ -173,7 +173,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
                 "inflight": dict(self._inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
                 "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas},
                 "dead": sorted(r.replica_id for r in self._state.replicas if not r.alive),
-                "repack": self._rounds.metrics.as_dict() if self._rounds else {}}
+                "repack": self._repack.metrics() if self._repack else {}}
 
     # ---- agent-loop side ----
     async def assign_group(self, group_id: str, n: int, validate: bool = False) -> Assignment:
@@ -213,10 +213,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
 
     async def migrated(self, request_id: str) -> bool:
         """Was this (aborted) request taken off its replica by repack? Asked once per aborted request."""
-        if request_id in self._migrated:
-            self._migrated.discard(request_id)
-            return True
-        return False
+        return self._repack is not None and self._repack.take_migrated(request_id)
 
     async def trajectory_finished(self, key: str, group_id: str, prompt_tokens: int, response_tokens: int,
                                   start_s: Optional[float] = None) -> int:
@@ -251,114 +248,94 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         logger.error("invariant violation reported by a rollout worker: %s", message)
         self._events["violations"].append(message)
 
-    # ---- verl RequestLoadBalancer protocol ----
-    async def acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
-        raise RoutingError(f"request {request_id} has no group pin: under Laminar every request must come "
-                           "through LaminarLLMServerClient inside LaminarAgentLoopWorker (rollout.agent."
-                           "agent_loop_manager_class=verl_laminar.rollout.agent_loop.LaminarAgentLoopManager)")
-
-    def require_acquire_fields(self) -> list[str]:
-        return []
-
-    def require_release_fields(self) -> list[str]:
-        return ["request_id"]
-
-    def add_servers(self, servers: dict) -> None:
-        raise NotImplementedError("LaminarRouter serves a fixed set of standalone replicas (hybrid_engine=false)")
-
-    def remove_servers(self, server_ids: list) -> None:
-        raise NotImplementedError("LaminarRouter serves a fixed set of standalone replicas (hybrid_engine=false)")
-
-    def get_all_servers(self) -> list[str]:
+    def servers(self) -> list[str]:
         return list(self._by_address)
 
-    def get_status(self) -> dict:
-        return self.snapshot()
-
-    def clear_sticky_cache(self) -> dict:
-        return {}
-
-    def get_total_inflight(self) -> int:
+    def total_inflight(self) -> int:
         return sum(self._inflight.values())
 
     def inflight_on(self, replica_id: int) -> int:
         """Requests in flight on one replica (fault injection waits for some before a kill)."""
         return self._inflight[replica_id]
 
-    # ---- repack ----
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _repack_loop(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self._repack.interval_s)
-            try:
-                await self._repack_round()
-            except Exception:  # noqa: BLE001 - a failed round must not end repack for the rest of the run
-                logger.exception("repack round failed; the next one runs in %.1f s", self._repack.interval_s)
+    # ---- repack host (rollout.repack_driver.RepackHost) ----
+    def repack_candidates(self) -> list[tuple[ReplicaHandles, int]]:
+        return [(self._replicas[r.replica_id], r.version) for r in self._state.replicas
+                if r.alive and r.refreshing_to is None]
 
-    async def _read(self, replica: ReplicaHandles) -> Any:
-        from verl_laminar.rollout import vllm_metrics
-        return await asyncio.to_thread(self._reader or vllm_metrics.read, replica.address)
+    def requests_on(self, replica_id: int) -> set[str]:
+        return self._requests[replica_id]
 
-    async def _repack_round(self) -> None:
-        """One round; a monitor failure skips the round (repack is an optimisation, never a reason to stop). A replica
-        counts as still taking groups (not in its tail) only while groups wait in the queue."""
+    def taking(self) -> set[int]:
+        """Replicas still taking groups: only while groups wait in the queue (else each is in its tail)."""
+        return {r.replica_id for r in self._state.replicas if self._queue and r.accepts(self._cfg)}
+
+    def apply_repack(self, plan: list) -> list:
+        self._state, applied = apply_moves(self._state, plan, self._cfg)
+        return applied
+
+    def pump(self) -> None:
+        self._pump()
+
+    # ---- refresh host (rollout.refresh.RefreshHost): what a refresh reads, and its outcome applied ----
+    def serves(self, replica_id: int) -> bool:
+        return self._state.replica(replica_id).alive
+
+    async def answers(self, replica_id: int) -> bool:
+        return await self._alive(replica_id)
+
+    def inflight(self, replica_id: int) -> int:
+        return self._inflight[replica_id]
+
+    def published(self) -> int:
+        return int(self._published)
+
+    def closed(self) -> bool:
+        return self._closed
+
+    def exact_version(self, replica_id: int) -> bool:
+        return replica_id in self._loading_parked  # a load for parked groups needs their version, not the newest
+
+    def retarget(self, replica_id: int, version: int) -> None:
+        self._state = abandon_refresh(self._state, replica_id)
+        d = RefreshDecision(replica_id, self._state.replica(replica_id).version, version)
+        self._state = apply_plan(self._state, DispatchPlan(refreshes=(d,)), self._cfg)
+
+    def refreshed(self, d: RefreshDecision, loaded: int, t0: float, t1: float) -> None:
+        if not self._state.replica(d.replica_id).alive:
+            return  # it was failed over while loading (its refreshing_to was cleared then)
+        self._state = complete_refresh(self._state, d.replica_id, loaded)
+        self._adopt_parked(d.replica_id, loaded)  # groups of a dead replica waiting for this version
+        self._rollout_wait_s += t1 - t0
+        self._refreshes += 1
+        # (replica, version, finished, started, previous version): the first three are what the ledger needs,
+        # the last two give the report's timeline the whole load interval (t0 includes the drain and the wait
+        # for the relay: the replica serves nothing from t0 on)
+        self._events["versions"].append((d.replica_id, loaded, t1, t0, d.from_version))
+        logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, loaded, t1 - t0)
+        self._pump()
+
+    def refresh_died(self, d: RefreshDecision, error: BaseException) -> None:
+        logger.error("refresh of replica %d to version %d failed: the replica is dead (%r)", d.replica_id,
+                     d.to_version, error)
+        self._fail(d.replica_id, f"died while loading version {d.to_version}: {error!r}")
+
+    def refresh_failed(self, d: RefreshDecision, error: BaseException) -> None:
+        self._state = abandon_refresh(self._state, d.replica_id)
         if self._closed:
+            logger.info("refresh of replica %d stopped by close: %r", d.replica_id, error)
             return
-        async with self._repack_lock:
-            live = [self._replicas[r.replica_id] for r in self._state.replicas
-                    if r.alive and r.refreshing_to is None]
-            try:
-                got = await asyncio.gather(*(self._read(r) for r in live))
-            except Exception as e:  # noqa: BLE001 - logged, the next round tries again
-                logger.warning("repack: reading vLLM metrics failed, round skipped: %r", e)
-                return
-            readings = [{"replica_id": r.replica_id, "version": self._state.replica(r.replica_id).version,
-                         "kv_tokens": g.kv_tokens, "kv_capacity": g.kv_capacity_tokens,
-                         "running_ids": sorted(self._requests[r.replica_id]), "waiting": g.waiting,
-                         "kv_used": g.kv_used} for r, g in zip(live, got)]
-            taking = {r.replica_id for r in self._state.replicas if self._queue and r.accepts(self._cfg)}
-            plan = self._rounds.plan(readings, taking)
-            if not plan:
-                return
-            t0 = self._clock()
-            self._state, applied = apply_moves(self._state, plan, self._cfg)
-            aborts = []
-            for m in applied:
-                vids = sorted(self._requests[m.src])
-                self._migrated.update(vids)
-                aborts.append((m.src, vids))
-            left = await asyncio.gather(*(self._abort(rid, vids) for rid, vids in aborts))
-            self._rounds.record(applied, self._clock() - t0, readings, not_aborted=sum(left))
-            self._pump()  # the emptied replicas' batches ended: they refresh and take new groups
-
-    async def _abort(self, replica_id: int, vids: list, settle_s: float = 5.0) -> int:
-        """Abort each request; one acquired but not yet admitted by vLLM is retried until it is (or ends).
-        Returns how many could not be aborted (they finish on this replica)."""
-        server = self._replicas[replica_id].server
-        pending = set(vids)
-        deadline = self._clock() + settle_s
-        while pending:
-            for vid in sorted(pending):
-                if vid not in self._requests[replica_id]:
-                    pending.discard(vid)  # it finished (released) before the abort reached it:
-                    self._migrated.discard(vid)  # its client will not ask
-                    continue
-                res = await server.abort_request.remote(vid, reset_prefix_cache=False)
-                if res.get("aborted"):
-                    pending.discard(vid)
-            if pending and self._clock() > deadline:
-                logger.warning("repack: %d requests on replica %d could not be aborted; they finish there (vLLM "
-                               "did not find their ids: is VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 set for the "
-                               "rollout servers? +laminar=enabled sets it)", len(pending), replica_id)
-                self._migrated.difference_update(pending)
-                return len(pending)
-            if pending:
-                await asyncio.sleep(0.05)
-        return 0
+        logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, error)
+        self._error = error
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"refresh of replica {d.replica_id} failed: {error!r}"))
+        self._waiters.clear()
 
     # ---- planning ----
     def _raise_if_failed(self) -> None:
@@ -373,9 +350,7 @@ class LaminarRouter(ReplicaFailover, ReplicaRefresh):
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)
         for d in plan.refreshes:
-            task = asyncio.get_running_loop().create_task(self._refresh(d))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._loader.run(d))
         for a in plan.assignments:
             self._assigned_s[a.group_id] = self._clock()
             if a.group_id not in self._validate:

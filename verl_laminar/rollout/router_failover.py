@@ -160,7 +160,7 @@ class ReplicaFailover:
             version = self._loading_parked[rid] = waiting[0]
             d = RefreshDecision(rid, UNLOADED, version)
             self._state = apply_plan(self._state, DispatchPlan(refreshes=(d,)), self._cfg)
-            self._spawn(self._refresh(d))
+            self._spawn(self._loader.run(d))
         logger.warning("replica %d joined the fleet (%s)%s; it loads version %s before it takes groups%s", rid,
                        replica.address, f" in place of replica {replaces}" if replaces is not None else "",
                        version, f" (the {len(self._parked[version])} parked groups of that version)" if waiting
