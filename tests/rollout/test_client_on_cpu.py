@@ -312,3 +312,32 @@ def test_requests_of_a_fenced_replica_that_then_fail_start_over_instead_of_conti
         assert router.dead_replicas() == [0]
 
     asyncio.run(main())
+
+
+def test_full_determinism_ids_are_unique_and_repeat_across_runs(tmp_path):
+    """verl's TransferQueue path names every request ``det-0`` under full_determinism; the vLLM ids (the pool keys)
+    must still be unique in a run, and the same in a second run of the same inputs."""
+    class IdServer(FakeServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            self.calls.append(request_id)
+            return SimpleNamespace(token_ids=[1], extra_fields={"global_steps": self.version})
+
+    async def run() -> list:
+        server = IdServer(0, 0)
+        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 2)
+        await router.start(0)
+        config = _config(tmp_path)
+        config.actor_rollout_ref.rollout.full_determinism = True
+        client = LaminarLLMServerClient(config, load_balancer_handle=ActorShell(router))
+        for gid in ("ga", "gb"):
+            GROUP_PIN.set(await router.assign_group(gid, 2))
+            for _session in range(2):
+                for _turn in range(2):
+                    await client.generate("det-0", prompt_ids=[1], sampling_params={})
+            await router.finish_group(gid)
+        return server.calls
+
+    first, second = asyncio.run(run()), asyncio.run(run())
+    assert len(first) == 8 and len(set(first)) == 8, first
+    assert first == second
+    assert all(v.startswith("det-0.g") for v in first)

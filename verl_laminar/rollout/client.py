@@ -30,6 +30,7 @@ dead, its groups moved, and the request runs again from its prompt on the group'
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 from typing import Any, Optional
 from uuid import uuid4
@@ -100,6 +101,7 @@ class LaminarLLMServerClient(LLMServerClient):
         self._pool_handle = pool_handle
         self._use_pool = pool_handle is not None or pool_enabled(config)
         self._recorder_obj: Optional[PieceRecorder] = None
+        self._det_seq = itertools.count()  # full_determinism's vLLM ids (_new_vid)
 
     def _recorder(self) -> Optional[PieceRecorder]:
         if not self._use_pool:
@@ -169,10 +171,17 @@ class LaminarLLMServerClient(LLMServerClient):
         cfg = self.config.actor_rollout_ref.rollout
         return int(min(cfg.response_length, cfg.prompt_length + cfg.response_length - len(prompt_ids)))
 
-    def _new_vid(self, request_id: str, piece: int, attempt: int) -> str:
-        # verl's full_determinism wants the same vLLM request ids across runs: derive them from the caller's
+    def _new_vid(self, request_id: str, group_id: str, piece: int, attempt: int) -> str:
+        """The vLLM request id of one piece, which is also its pool key: unique in the run, whatever the caller.
+
+        verl's full_determinism wants the same ids across runs, so they are derived, not random. But the caller's
+        id is not unique there: verl's agent loops name a request ``det-{priority}`` and the TransferQueue path sets
+        no priority, so every request is ``det-0``, and the pool (or vLLM) would take a second request for the
+        first. The group's uid and this client's call count make it unique (a group runs in one worker, its
+        sessions in one order for the same inputs)."""
         if getattr(self.config.actor_rollout_ref.rollout, "full_determinism", False):
-            vid = f"{request_id}" if piece == 0 else f"{request_id}.resume{piece}"
+            vid = f"{request_id}.{group_id}.{next(self._det_seq)}"
+            vid = vid if piece == 0 else f"{vid}.resume{piece}"
             return vid if attempt == 0 else f"{vid}.retry{attempt}"  # a rerun after a death is a new request
         return uuid4().hex
 
@@ -197,7 +206,7 @@ class LaminarLLMServerClient(LLMServerClient):
         piece, which the caller resumes), or again from its prompt when none reached the pool."""
         attempt = 0
         while True:
-            vid = self._new_vid(request_id, piece, attempt)
+            vid = self._new_vid(request_id, pin.group_id, piece, attempt)
             token = _SERVER.set(None)
             try:
                 output, done_vid = await self._one_piece(request_id, prompt_ids, params, vid, pin, **kwargs)
