@@ -7,7 +7,12 @@ the sync baseline and under ``+laminar=enabled``). Each response of prompt ``ind
 end-of-turn, so generation cost follows the long-tailed distribution and not the tiny model's short answers.
 Not ``min_tokens == max_tokens``: verl's client resumes an aborted request (separate_async's global weight sync)
 with ``max_tokens`` reduced by what was generated but the same ``min_tokens``, which vLLM then rejects.
-The reward reads only the first answer line (``verl_laminar.reward.first_answer``).
+The reward reads only the first answer line of what the model wrote before its first end-of-turn (or any other
+special) token: with ``ignore_eos`` vLLM goes on past that token, and the decoded text, which drops special tokens,
+would run the continuation into the answer ("Answer: 5" + end-of-turn + "23" reads "Answer: 523"). Which model a
+fixture build yields differs by machine, and one that ends its answers with that token scored -1 on every response.
+So the loop puts the text up to that token in the output's ``extra_fields["answer_text"]``, which verl hands to the
+reward's ``extra_info`` (``verl_laminar.reward.first_answer``).
 """
 
 from __future__ import annotations
@@ -35,4 +40,15 @@ class SkewedLengthAgentLoop(SingleTurnAgentLoop):
             raise KeyError("laminar_skewed needs the row's 'index' (extra_info.index) and verl's 'session_id' to "
                            f"key the length; got keys {sorted(kwargs)}")
         n = self.lengths.length(int(kwargs["index"]), int(kwargs["session_id"]))
-        return await super().run(dict(sampling_params, max_tokens=n, ignore_eos=True), **kwargs)
+        output = await super().run(dict(sampling_params, max_tokens=n, ignore_eos=True), **kwargs)
+        output.extra_fields["answer_text"] = self.tokenizer.decode(
+            answer_tokens(output.response_ids, set(self.tokenizer.all_special_ids)), skip_special_tokens=True)
+        return output
+
+
+def answer_tokens(response_ids: list, special_ids: set) -> list:
+    """The response up to (without) its first special token: what the model wrote before it would have stopped."""
+    for i, t in enumerate(response_ids):
+        if int(t) in special_ids:
+            return list(response_ids[:i])
+    return list(response_ids)
