@@ -324,7 +324,11 @@ def test_full_determinism_ids_are_unique_and_repeat_across_runs(tmp_path):
 
     async def run() -> list:
         server = IdServer(0, 0)
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 2)
+
+        async def refresher(replica, version):
+            server.version = version
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 2, refresher=refresher)
         await router.start(0)
         config = _config(tmp_path)
         config.actor_rollout_ref.rollout.full_determinism = True

@@ -446,3 +446,26 @@ def test_open_groups_on_counts_what_a_death_would_move_or_lose():
         assert router.open_groups_on(rid) == 0
 
     asyncio.run(main())
+
+
+def test_a_refresh_whose_probe_raises_stops_the_router_instead_of_hanging():
+    """A failed load is followed by a probe of the replica; a probe that itself raises must still end the refresh
+    (the router stops with the load's error), never leave a group waiting forever."""
+    import asyncio
+
+    import pytest
+
+    from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+
+    class NoProbe:  # a server without __ray_ready__: the probe raises AttributeError
+        pass
+
+    async def failing(replica, version):
+        raise RuntimeError("load broke")
+
+    async def main():
+        router = LaminarRouter([ReplicaHandles(0, "a0", NoProbe())], 1, refresher=failing)
+        with pytest.raises(RuntimeError, match="load broke"):
+            await asyncio.wait_for(router.start(0), 10)
+
+    asyncio.run(main())

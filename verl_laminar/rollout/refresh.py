@@ -212,7 +212,12 @@ class VersionLoader:
             await self._drain(d.replica_id, t0)
             loaded = await self._load_with_retries(d)
         except Exception as e:  # fault boundary: a failed load stops dispatch loudly instead of killing the loop
-            if not self._host.serves(d.replica_id) or not await self._host.answers(d.replica_id):
+            try:
+                dead = not self._host.serves(d.replica_id) or not await self._host.answers(d.replica_id)
+            except Exception as probe:  # noqa: BLE001 - an unanswerable probe must stop dispatch, not hang it
+                logger.error("replica %d: probing it after a failed refresh raised %r", d.replica_id, probe)
+                dead = False
+            if dead:
                 self._host.refresh_died(d, e)  # failed over like any dead replica; dispatch goes on
             else:
                 self._host.refresh_failed(d, e)
