@@ -37,7 +37,10 @@ DEAD_AFTER_S = {"kill": 30, "hang": 10, "garbage": 30}
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
 # DEAD_AFTER_S of the stop, or the run's requests wait forever), and then kills it the same way; "garbage": it
 # answers ids outside the vocabulary, and the clients' output check must fence it
-@pytest.fixture(scope="module", params=["kill", "hang", "garbage"])
+# hang and garbage are slow (each a whole trainer launch, ~6 min on a 2-core AMD EPYC): CI runs the kill run, which
+# covers failover, the pool's continuation, the replacement and the pool's own restart; `make test-slow` runs all three
+@pytest.fixture(scope="module", params=["kill", pytest.param("hang", marks=pytest.mark.slow),
+                                        pytest.param("garbage", marks=pytest.mark.slow)])
 def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
     out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
