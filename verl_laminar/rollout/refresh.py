@@ -79,7 +79,7 @@ class RefreshHost(Protocol):
 
     def serves(self, replica_id: int) -> bool: ...  # alive in the dispatch state
     async def answers(self, replica_id: int) -> bool: ...  # a probe of the replica's server
-    def inflight(self, replica_id: int) -> int: ...
+    def inflight_on(self, replica_id: int) -> int: ...
     def published(self) -> int: ...
     def closed(self) -> bool: ...
     def exact_version(self, replica_id: int) -> bool: ...  # it loads parked groups' version: never a newer one
@@ -198,10 +198,10 @@ class VersionLoader:
         return target
 
     async def _drain(self, replica_id: int, t0: float) -> None:
-        while self._host.inflight(replica_id):
+        while self._host.inflight_on(replica_id):
             # a release is fire-and-forget and may trail finish_group by one message
             if self._clock() - t0 > self._settings.drain_timeout_s:
-                raise RuntimeError(f"replica {replica_id} still has {self._host.inflight(replica_id)} requests "
+                raise RuntimeError(f"replica {replica_id} still has {self._host.inflight_on(replica_id)} requests "
                                    f"in flight {self._settings.drain_timeout_s} s after its batch ended")
             await asyncio.sleep(0.01)
 

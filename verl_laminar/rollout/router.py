@@ -289,9 +289,6 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     async def answers(self, replica_id: int) -> bool:
         return await self._alive(replica_id)
 
-    def inflight(self, replica_id: int) -> int:
-        return self._inflight[replica_id]
-
     def published(self) -> int:
         return int(self._published)
 

@@ -34,6 +34,7 @@ class SkewedLengthAgentLoop(SingleTurnAgentLoop):
         super().__init__(*args, **kwargs)
         self.lengths = SkewedLengths(max_tokens=int(self.response_length), median=int(median),
                                      p99_ratio=float(p99_ratio), min_tokens=int(min_tokens), seed=int(seed))
+        self._special_ids = set(self.tokenizer.all_special_ids)  # where a response's answer ends
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if "index" not in kwargs or "session_id" not in kwargs:
@@ -42,7 +43,7 @@ class SkewedLengthAgentLoop(SingleTurnAgentLoop):
         n = self.lengths.length(int(kwargs["index"]), int(kwargs["session_id"]))
         output = await super().run(dict(sampling_params, max_tokens=n, ignore_eos=True), **kwargs)
         output.extra_fields["answer_text"] = self.tokenizer.decode(
-            answer_tokens(output.response_ids, set(self.tokenizer.all_special_ids)), skip_special_tokens=True)
+            answer_tokens(output.response_ids, self._special_ids), skip_special_tokens=True)
         return output
 
 
