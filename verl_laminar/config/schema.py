@@ -208,6 +208,25 @@ class ReplaceConfig(_Section):
 
 
 @dataclass(frozen=True)
+class FleetConfig(_Section):
+    """Rollouts that outlive the trainer (``docs/fleet_ownership.md``): the replicas and the partial-response pool
+    are detached Ray actors, so a killed ``TaskRunner`` leaves their requests in flight running to their end."""
+
+    PATH: ClassVar[str] = f"{ROOT}.fleet"
+    detached: bool = False
+    drain_timeout_s: float = 300.0
+    adopt_agents: tuple[str, ...] = ("single_turn_agent", "laminar_skewed")
+
+    def __post_init__(self) -> None:
+        self._require("drain_timeout_s", self.drain_timeout_s > 0,
+                      "must be > 0 seconds (how long a restarted trainer lets the fleet it finds finish the "
+                      "requests it holds before it ends it), e.g. 300")
+        self._require("adopt_agents", all(isinstance(a, str) and a for a in self.adopt_agents),
+                      "must be a list of agent-loop names (single-turn loops whose finished responses a restarted "
+                      "trainer may adopt from the pool), e.g. [single_turn_agent]")
+
+
+@dataclass(frozen=True)
 class FaultInjectionConfig(_Section):
     """Testing only: SIGKILL a rollout replica's processes (replica failover) or the trainer's process (restart
     from verl's checkpoint) mid-run."""
@@ -285,6 +304,7 @@ class LaminarConfig(_Section):
     pool: PoolConfig = field(default_factory=PoolConfig)
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
@@ -332,6 +352,10 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return _coerce(inner, value, key)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, key)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a YAML list
+        if not isinstance(value, (list, tuple)):
+            _fail(key, value, f"must be a list, got {type(value).__name__}")
+        return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is Literal:
         if value not in args:
             _fail(key, value, f"must be one of {', '.join(map(repr, args))}")

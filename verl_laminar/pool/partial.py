@@ -41,6 +41,7 @@ class PartialTrajectory:
     replica_id: Optional[int] = None
     # chunks that arrived ahead of a missing one, by offset: not part of ``tokens`` until the gap is filled
     early: dict[int, tuple[list[int], list[float], Optional[dict]]] = field(default_factory=dict)
+    grown: list[tuple[float, int]] = field(default_factory=list)  # (Unix time a chunk arrived, its tokens)
 
     def remaining_budget(self) -> Optional[int]:
         """Tokens still allowed when the trajectory resumes elsewhere (same sampling parameters otherwise)."""
@@ -101,7 +102,7 @@ class PartialPool:
         sender's next chunk. Until the gap is filled the entry's ``tokens`` stop before it, so a resume
         continues from the last contiguous token and never skips one."""
         rec = {"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
-               "logprobs": list(map(float, logprobs)), "state": state}
+               "logprobs": list(map(float, logprobs)), "state": state, "t": time.time()}
         if offset is not None:
             t = self._entries.get(key)
             if t is not None:
@@ -162,6 +163,29 @@ class PartialPool:
         the pool)."""
         return sum(1 for t in self._entries.values() if t.replica_id == replica_id and len(t.tokens) >= min_tokens)
 
+    def tokens_since(self, since: float) -> int:
+        """Tokens that reached the pool after Unix time ``since`` (in entries still open): what the replicas generated
+        while a trainer that last beat at ``since`` was down (``fleet.outlive``)."""
+        return sum(n for t in self._entries.values() for at, n in t.grown if at > since)
+
+    def claim_group(self, group_id: str, n: int) -> Optional[dict]:
+        """A re-issued group's responses, if the pool holds them whole at one version (``policy.adopt``):
+        {"version", "keys" (session i's entry at index i), "tokens"}; the client reads and closes each. Otherwise
+        None, and every entry of the group is closed: the group is generated again under new keys."""
+        from verl_laminar.policy.adopt import PoolPiece, adopt_group
+
+        mine = [t for t in self._entries.values() if t.group_id == group_id]
+        adoption = adopt_group((PoolPiece(t.key, t.version, t.state.get("session"), t.state.get("turn"),
+                                          t.state.get("piece"), bool(t.state.get(FINISHED)), len(t.tokens))
+                                for t in mine), n)
+        keep = set(adoption.keys) if adoption else set()
+        for t in mine:
+            if t.key not in keep:
+                self.close(t.key)
+        if adoption is None:
+            return None
+        return {"version": adoption.version, "keys": list(adoption.keys), "tokens": adoption.tokens}
+
     # ---- internals ----
     def _apply(self, rec: dict, replaying: bool = False) -> None:
         op, key = rec["op"], rec["key"]
@@ -183,6 +207,7 @@ class PartialPool:
                 if len(rec["tokens"]) != len(rec["logprobs"]):
                     raise ValueError(f"append to {key!r}: {len(rec['tokens'])} tokens but {len(rec['logprobs'])} "
                                      "log-probs; they must pair up")
+                t.grown.append((float(rec.get("t", 0.0)), len(rec["tokens"])))
                 offset = rec.get("offset")
                 if offset is not None and offset > len(t.tokens):
                     t.early[offset] = (rec["tokens"], rec["logprobs"], rec.get("state"))
@@ -249,7 +274,9 @@ class PartialPool:
                                     "replica_id": t.replica_id, "state": t.state}, separators=(",", ":")) + "\n")
                 if t.tokens:
                     f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": t.tokens,
-                                        "logprobs": t.logprobs, "state": None}, separators=(",", ":")) + "\n")
+                                        "logprobs": t.logprobs, "state": None,
+                                        "t": max((at for at, _ in t.grown), default=0.0)},
+                                       separators=(",", ":")) + "\n")
                 for off, (toks, lps, st) in sorted(t.early.items()):
                     f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": toks,
                                         "logprobs": lps, "state": st, "offset": off},

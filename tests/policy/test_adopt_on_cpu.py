@@ -1,0 +1,68 @@
+"""policy.adopt: a restarted trainer takes a group from the pool only whole, from one version, single-turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_laminar.policy.adopt import Adoption, PoolPiece, adopt_group
+from verl_laminar.pool.partial import PartialPool
+
+
+def _p(key, session, version=3, turn=0, piece=0, finished=True, tokens=5):
+    return PoolPiece(key, version, session, turn, piece, finished, tokens)
+
+
+WHOLE = [_p("a", 0), _p("b", 1, tokens=7)]
+
+
+@pytest.mark.parametrize("pieces, n, expected", [
+    (WHOLE, 2, Adoption(3, ("a", "b"), 12)),
+    (WHOLE, 3, None),  # session 2 never reached the pool
+    ([_p("a", 0), _p("b", 1, finished=False)], 2, None),  # still running when its replica stopped
+    ([_p("a", 0), _p("b", 1, tokens=0)], 2, None),  # finished empty: nothing to train
+    ([_p("a", 0), _p("b", 1), _p("c", 1, turn=1)], 2, None),  # multi-turn: tool outputs are not in the pool
+    ([_p("a", 0), _p("b", 1), _p("c", 1, piece=1)], 2, None),  # moved mid-response: the first piece is partial
+    ([_p("a", 0), _p("b", 1, version=2)], 2, None),  # two versions: never one group
+    ([_p("a", 0, version=2), _p("b", 1, version=2), _p("c", 0), _p("d", 1, finished=False)], 2,
+     Adoption(2, ("a", "b"), 10)),  # an older launch's whole group, a newer launch's partial one
+    ([_p("z", 0), _p("a", 0), _p("b", 1)], 2, Adoption(3, ("a", "b"), 10)),  # a finished retry: either is whole
+    ([PoolPiece("a", 3, None, None, None, True, 5)], 1, None),  # untagged entry
+    ([], 1, None),
+])
+def test_adopt_group(pieces, n, expected):
+    assert adopt_group(pieces, n) == expected
+
+
+def _open(pool, key, group, session, version=3, turn=0, piece=0, tokens=(5, 6), finish=True):
+    pool.open(key, group, version, [1, 2], {"max_tokens": 8}, replica_id=0,
+              state={"session": session, "turn": turn, "piece": piece})
+    pool.append(key, version, list(tokens), [-0.5] * len(tokens), offset=0)
+    if finish:
+        pool.finish(key)
+
+
+def test_claim_group_keeps_the_adopted_entries_and_drops_the_rest(tmp_path):
+    pool = PartialPool(str(tmp_path / "log"))
+    _open(pool, "g.0", "g", 0)
+    _open(pool, "g.1", "g", 1, tokens=(7,))
+    _open(pool, "h.0", "h", 0)
+    _open(pool, "h.1", "h", 1, finish=False)  # h's second response was cut off: h is generated again
+    assert pool.claim_group("g", 2) == {"version": 3, "keys": ["g.0", "g.1"], "tokens": 3}
+    assert pool.claim_group("h", 2) is None
+    assert sorted(t.key for t in pool) == ["g.0", "g.1"]  # h's entries closed: its rerun opens new keys
+    assert pool.get("g.0").tokens == [5, 6]
+
+
+def test_tokens_since_counts_chunks_that_arrived_later(tmp_path, monkeypatch):
+    import verl_laminar.pool.partial as partial
+
+    now = [100.0]
+    monkeypatch.setattr(partial.time, "time", lambda: now[0])
+    pool = PartialPool(str(tmp_path / "log"))
+    pool.open("k", "g", 1, [1], {"max_tokens": 9})
+    pool.append("k", 1, [1, 2], [-1.0, -1.0], offset=0)
+    now[0] = 200.0
+    pool.append("k", 1, [3, 4, 5], [-1.0] * 3, offset=2)
+    assert (pool.tokens_since(50.0), pool.tokens_since(150.0), pool.tokens_since(250.0)) == (5, 3, 0)
+    again = PartialPool(str(tmp_path / "log"))  # the times are in the log: a restarted pool still knows them
+    assert again.tokens_since(150.0) == 3
