@@ -81,6 +81,13 @@ FT_GROUPS_PARKED = "laminar/ft/groups_parked"
 # pool (laminar.pool.enabled), and those tokens: work a restart from the prompt would have thrown away
 FT_POOL_CONTINUED = "laminar/ft/pool_continued"
 FT_POOL_CONTINUED_TOKENS = "laminar/ft/pool_continued_tokens"
+# laminar.fleet.detached: tokens the replicas generated while the trainer was down (reached the pool after its last
+# heartbeat), and the trajectories and response tokens a restarted trainer adopted from the pool instead of
+# generating them (cumulative in this process)
+FLEET_TOKENS_WHILE_DOWN = "laminar/fleet/tokens_while_trainer_down"
+FLEET_ADOPTED = "laminar/fleet/adopted_trajectories"
+FLEET_ADOPTED_TOKENS = "laminar/fleet/adopted_tokens"
+FLEET_ADOPTED_TRAINED = "laminar/fleet/adopted_trajectories_trained"
 # replicas the hang watch found holding requests with nothing streamed for laminar.heartbeat.dead_after_s, and killed
 FT_HUNG_REPLICAS = "laminar/ft/hung_replicas"
 # replacement replicas (laminar.replace): started and joined the fleet, failed to start, and the seconds the last

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 
+ADOPTED_REPLICA = -2  # the replica id of an adopted group's pin: it runs on none (-1 is UNLOADED's version)
+
+
 @dataclass(frozen=True)
 class PoolPiece:
     """One pool entry of a group, as the streaming server tagged it (``session``/``turn``/``piece`` None: an entry

@@ -1,8 +1,9 @@
 """Whether a starting trainer attaches to a rollout fleet that outlived its predecessor, or sweeps it (pure).
 
-The first piece of rollouts that outlive verl's ``TaskRunner`` (``docs/fleet_ownership.md``, "Order of work" 1-4):
-the decision, with the reason a user reads in the log. Not yet wired into the trainer: the detached fleet and the
-attach path it would choose are the next pieces.
+For rollouts that outlive verl's ``TaskRunner`` (``docs/fleet_ownership.md``). ``require_outliving_cluster`` is
+checked by ``fleet.outlive.check_cluster`` when ``laminar.fleet.detached`` is on. ``decide_attach`` (taking a running
+fleet's replicas over) is not called yet: a restarted trainer sweeps the replicas it finds after they drain and
+adopts what they finished from the pool instead (``policy.adopt``).
 
 Attaching is safe only when everything the fleet holds is a version the resumed trainer also has: the router and the
 relays refuse a version at or below their newest, and a trainer resuming from checkpoint ``s`` publishes ``s`` (then
@@ -44,6 +45,19 @@ class FleetAttachError(ValueError):
     """The fleet cannot outlive the job as configured; the message says what to change."""
 
 
+def require_outliving_cluster(cluster_outlives_job: bool, stable_namespace: bool) -> None:
+    """A fleet outlives its job only in a cluster from ``ray start`` and is found again only in a fixed namespace."""
+    if not cluster_outlives_job:
+        raise FleetAttachError(
+            "the rollout fleet cannot outlive this job: the job started its own Ray cluster, which ends with it; "
+            "start one first (ray start --head) and connect to it (RAY_ADDRESS=auto, or "
+            "+ray_kwargs.ray_init.address=auto), or set laminar.fleet.detached=false")
+    if not stable_namespace:
+        raise FleetAttachError(
+            "the rollout fleet cannot be found again: this job runs in a random Ray namespace; set "
+            "+ray_kwargs.ray_init.namespace (e.g. laminar_${trainer.project_name}_${trainer.experiment_name})")
+
+
 def decide_attach(resume_mode: str, checkpoint_step: Optional[int], fleet: Optional[RunningFleet],
                   fingerprint: str, cluster_outlives_job: bool, stable_namespace: bool) -> AttachDecision:
     """``resume_mode``: verl's ``trainer.resume_mode`` (``auto``, ``disable`` or ``resume_path``);
@@ -51,14 +65,7 @@ def decide_attach(resume_mode: str, checkpoint_step: Optional[int], fleet: Optio
     compare with the fleet's; ``cluster_outlives_job``: the Ray cluster came from ``ray start`` (not from this job's
     own ``ray.init``); ``stable_namespace``: ``ray_kwargs.ray_init.namespace`` is set (else a relaunch cannot see the
     fleet's named actors)."""
-    if not cluster_outlives_job:
-        raise FleetAttachError(
-            "the rollout fleet cannot outlive this job: the job started its own Ray cluster, which ends with it; "
-            "start one first (ray start --head) and connect to it (+ray_kwargs.ray_init.address=auto or RAY_ADDRESS)")
-    if not stable_namespace:
-        raise FleetAttachError(
-            "the rollout fleet cannot be found again: this job runs in a random Ray namespace; set "
-            "+ray_kwargs.ray_init.namespace (e.g. laminar_${trainer.project_name}_${trainer.experiment_name})")
+    require_outliving_cluster(cluster_outlives_job, stable_namespace)
     if fleet is None:
         return AttachDecision(FleetAction.CREATE, "no fleet of this experiment is running")
     if fleet.live_replicas < 1:

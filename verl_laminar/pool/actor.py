@@ -14,10 +14,13 @@ from verl_laminar.pool.partial import PartialPool
 POOL_NAME = "laminar_partial_pool"
 
 
-def spawn_pool(log_path: str, name: str = POOL_NAME, node_id: Optional[str] = None) -> Any:
+def spawn_pool(log_path: str, name: str = POOL_NAME, node_id: Optional[str] = None, detached: bool = False) -> Any:
+    """``detached``: the pool outlives the job that made it (``laminar.fleet.detached``)."""
     import ray
 
     options: dict[str, Any] = dict(name=name, num_cpus=0, max_restarts=-1, max_task_retries=-1)
+    if detached:
+        options["lifetime"] = "detached"
     if node_id is not None:
         # the log is on this node's disk: a restart must come back on the same machine
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -1,7 +1,9 @@
 """verl's TransferQueue agent-loop worker with Laminar's group pinning and per-trajectory accounting.
 
 Dataflow, per prompt group (uid):
-    _run_prompt: router.assign_group(uid, n) (waits while every replica's batch is full or refreshing)
+    _run_prompt: with a detached fleet, pool.claim_group(uid, n): the whole responses a killed predecessor's replicas
+              finished -> router.adopt_group (answered from the pool, policy.adopt); else
+              router.assign_group(uid, n) (waits while every replica's batch is full or refreshing)
               -> GROUP_PIN = the assignment -> verl's _run_prompt (n sessions, every turn through the pinned
                  LaminarLLMServerClient) -> finally router.finish_group(uid) (may end the replica's batch)
     _agent_loop_postprocess (per session): check every output's version labels against the pin, tell the
@@ -14,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Optional
 
 import ray
+from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from verl_laminar.policy.accounting import InvariantViolation
-from verl_laminar.rollout.client import GROUP_PIN, check_label
+from verl_laminar.rollout.client import ADOPTED, GROUP_PIN, SESSION, check_label
+from verl_laminar.rollout.pool_client import pool_enabled
 from verl_laminar.rollout.router import ROUTER_NAME
 
 logger = logging.getLogger(__name__)
@@ -30,6 +34,7 @@ _START_S: dict[str, float] = {}  # uid -> when its group got a replica (per work
 
 class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     _laminar_router_handle = None
+    _laminar_pool_handle = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Without an __init__ of its own, a subclass of a Ray actor's plain class fails inside the base's
@@ -41,20 +46,47 @@ class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             self._laminar_router_handle = ray.get_actor(ROUTER_NAME)
         return self._laminar_router_handle
 
+    async def _claim(self, uid: str, n: int, prompt: dict) -> Optional[dict]:
+        """With a detached fleet (``laminar.fleet.detached``), a re-issued group whose whole responses the pool holds
+        (its predecessor's replica finished them while the trainer was down) is adopted; None: generate it."""
+        fleet = OmegaConf.select(self.config, "laminar.fleet")
+        if fleet is None or not fleet.detached or not pool_enabled(self.config):
+            return None
+        if prompt.get("agent_name") not in set(fleet.adopt_agents):
+            return None  # multi-turn: the pool lacks the tool outputs between turns
+        if self._laminar_pool_handle is None:
+            from verl_laminar.pool.actor import POOL_NAME
+
+            self._laminar_pool_handle = ray.get_actor(POOL_NAME)
+        return await self._laminar_pool_handle.claim_group.remote(uid, n)
+
     async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         uid, validate = prompt["uid"], bool(trajectory["validate"])
         cfg = self.config.actor_rollout_ref.rollout
-        n = prompt.get("__rollout_n__", cfg.val_kwargs.n if validate else cfg.n)
+        n = int(prompt.get("__rollout_n__", cfg.val_kwargs.n if validate else cfg.n))
         router = self._laminar_router()
-        pin = await router.assign_group.remote(uid, int(n), validate)
+        claim = None if validate else await self._claim(uid, n, prompt)
+        if claim is not None:
+            pin = await router.adopt_group.remote(uid, n, claim["version"])
+            logger.info("group %s: %d responses (%d tokens) adopted from the pool at version %d", uid, n,
+                        claim["tokens"], claim["version"])
+        else:
+            pin = await router.assign_group.remote(uid, n, validate)
         _START_S[uid] = time.monotonic()
         token = GROUP_PIN.set(pin)
+        adopted = ADOPTED.set(None if claim is None else dict(enumerate(claim["keys"])))
         try:
             await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
         finally:
+            ADOPTED.reset(adopted)
             GROUP_PIN.reset(token)
             _START_S.pop(uid, None)
             await router.finish_group.remote(uid)
+
+    async def _run_agent_loop(self, *args: Any, **kwargs: Any) -> Any:
+        # each session runs in its own task: its generate calls know their session and turn (rollout.client)
+        SESSION.set([int(kwargs.get("session_id", 0)), 0])
+        return await super()._run_agent_loop(*args, **kwargs)
 
     async def _agent_loop_postprocess(self, output: Any, validate: bool, **kwargs: Any) -> Any:
         pin = GROUP_PIN.get()

@@ -52,6 +52,12 @@ _VLLM_RID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("lamin
 # the server the current request was sent to: set in _acquire_server, read when the request fails (an awaited
 # coroutine shares its caller's context, so the caller sees what _acquire_server set)
 _SERVER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("laminar_server_id", default=None)
+# the session (response index in its group) and its next turn, set per session by the agent-loop worker: a pool
+# entry's place in its group, by which a restarted trainer adopts whole responses (policy.adopt)
+SESSION: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("laminar_session", default=None)
+_TURN: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("laminar_turn", default=None)
+# session -> pool key of the finished response a restarted trainer adopts for it (set by the worker per group)
+ADOPTED: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("laminar_adopted", default=None)
 
 
 def check_label(pin: Assignment, output: Any, what: str) -> None:
@@ -186,12 +192,14 @@ class LaminarLLMServerClient(LLMServerClient):
         return uuid4().hex
 
     async def _one_piece(self, request_id: str, prompt_ids: list, params: dict, vid: str,
-                         pin: Optional[Assignment] = None, **kwargs: Any) -> Any:
+                         pin: Optional[Assignment] = None, piece: int = 0, **kwargs: Any) -> Any:
         token = _VLLM_RID.set(vid)
         recorder = self._recorder() if pin is not None else None
         try:
             if recorder is not None:
-                params = recorder.tag(vid, pin, params)
+                turn = _TURN.get()
+                where = None if turn is None else {"session": turn[0], "turn": turn[1], "piece": piece}
+                params = recorder.tag(vid, pin, params, where)
             output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
             if recorder is not None:
                 recorder.close(vid)  # the server awaited its last chunk before answering
@@ -209,7 +217,7 @@ class LaminarLLMServerClient(LLMServerClient):
             vid = self._new_vid(request_id, pin.group_id, piece, attempt)
             token = _SERVER.set(None)
             try:
-                output, done_vid = await self._one_piece(request_id, prompt_ids, params, vid, pin, **kwargs)
+                output, done_vid = await self._one_piece(request_id, prompt_ids, params, vid, pin, piece, **kwargs)
                 self._check_output(output, request_id, self._token_budget(prompt_ids, params))
                 return output, done_vid
             except GarbageOutputError as e:
@@ -280,6 +288,30 @@ class LaminarLLMServerClient(LLMServerClient):
         if pin is None:
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                                           **kwargs)
+        session = SESSION.get()
+        where = None if session is None else (session[0], session[1])
+        if session is not None:
+            session[1] += 1  # the session's next generate call is its next turn
+        token = _TURN.set(where)
+        try:
+            adopted = ADOPTED.get()
+            if adopted is not None:
+                return await self._adopted(pin, where, adopted, bool(sampling_params.get("logprobs")))
+            return await self._generate(pin, request_id, prompt_ids, sampling_params, **kwargs)
+        finally:
+            _TURN.reset(token)
+
+    async def _adopted(self, pin: Assignment, where: Optional[tuple], adopted: dict, want_log_probs: bool) -> Any:
+        """A group a restarted trainer adopted (``policy.adopt``): each session's one turn is its predecessor's
+        finished response, read from the pool; no replica runs it."""
+        if where is None or where[1] != 0 or where[0] not in adopted:
+            raise ReplicaLost(f"group {pin.group_id!r} was adopted from the pool for its first turn only, but its "
+                              f"agent loop asked for {where}; list only single-turn loops in laminar.fleet."
+                              "adopt_agents")
+        return await self._recorder().adopted(adopted[where[0]], pin, want_log_probs)
+
+    async def _generate(self, pin: Assignment, request_id, prompt_ids: list, sampling_params: dict,
+                        **kwargs: Any) -> Any:
         output, vid = await self._piece(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         check_label(pin, output, f"request {request_id}")
         if not await self._continues(output, vid):

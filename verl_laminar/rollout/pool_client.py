@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 # extra_fields key on an output rebuilt from the pool: how many tokens it kept
 RECOVERED = "laminar_recovered_tokens"
+# extra_fields key on an output a restarted trainer adopted from the pool (its predecessor's replica generated it)
+ADOPTED_TOKENS = "laminar_adopted_tokens"
 
 
 def pool_enabled(config: Any) -> bool:
@@ -36,11 +38,29 @@ class PieceRecorder:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    def tag(self, vid: str, pin: Assignment, params: dict) -> dict:
-        """The parameters to send: ``params`` with the pool tag the server opens and streams the entry by."""
+    def tag(self, vid: str, pin: Assignment, params: dict, where: Optional[dict] = None) -> dict:
+        """The parameters to send: ``params`` with the pool tag the server opens and streams the entry by;
+        ``where`` ({session, turn, piece}) lets a restarted trainer adopt the entry (``policy.adopt``)."""
         extra = dict(params.get("extra_args") or {})
-        extra[POOL_KEY_ARG] = {"key": vid, "group": pin.group_id, "version": int(pin.version)}
+        extra[POOL_KEY_ARG] = {"key": vid, "group": pin.group_id, "version": int(pin.version), **(where or {})}
         return {**params, "extra_args": extra}
+
+    async def adopted(self, key: str, pin: Assignment, want_log_probs: bool) -> Any:
+        """The whole response a predecessor's replica finished under ``key`` (``policy.adopt`` chose it), as verl's
+        client returns a completed request, labelled with the entry's version (the group's pin); the entry is
+        closed. Its log-probs are the generating replica's, as for any response."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        entry = (await self.pool.get_many.remote([key])).get(key)
+        if entry is None or not entry.state.get(FINISHED) or entry.version != pin.version:
+            raise RuntimeError(f"adopted response {key!r} of group {pin.group_id!r} is not a finished entry of "
+                               f"version {pin.version} in the pool ({entry and entry.version})")
+        self.close(key)
+        v = entry.version
+        return TokenOutput(token_ids=list(entry.tokens), log_probs=list(entry.logprobs) if want_log_probs else None,
+                           stop_reason="completed",
+                           extra_fields={"global_steps": v, "min_global_steps": v, "max_global_steps": v,
+                                         ADOPTED_TOKENS: len(entry.tokens)})
 
     def close(self, vid: str) -> None:
         """Not awaited: the server applied every chunk of the piece before it answered."""

@@ -46,6 +46,7 @@ from verl_laminar.policy.dispatch import (
     plan_dispatch,
     route,
 )
+from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.repack import RepackConfig as RepackPolicy
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
@@ -107,6 +108,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         self._group_n: dict[str, int] = {}
         self._group_finished: dict[str, int] = {}  # group -> responses finished (trajectory_finished calls)
         self._validate: set[str] = set()
+        self._adopted: dict[str, Assignment] = {}  # adopt_group: answered from the pool, on no replica
         self._inflight = {rid: 0 for rid in self._replicas}
         self._published: Optional[int] = None
         self._tasks: set[asyncio.Task] = set()
@@ -192,6 +194,21 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         self._pump()
         return await fut
 
+    async def adopt_group(self, group_id: str, n: int, version: int) -> Assignment:
+        """A re-issued group whose whole responses a detached replica finished while the trainer was down
+        (``policy.adopt``): pinned to their version on no replica; its sessions are answered from the pool."""
+        self._raise_if_failed()
+        if group_id in self._waiters or group_id in self._state.pins or group_id in self._adopted:
+            raise RoutingError(f"group {group_id!r} asked for a replica twice")
+        if self._published is None or version > self._published:
+            raise RoutingError(f"group {group_id!r} adopted at version {version}, above the published "
+                               f"{self._published}: a discarded branch's responses")
+        a = self._adopted[group_id] = Assignment(group_id, ADOPTED_REPLICA, int(version))
+        self._group_n[group_id] = int(n)
+        self._assigned_s[group_id] = self._clock()
+        self._events["started"].extend((f"{group_id}_{i}", group_id, ADOPTED_REPLICA, a.version) for i in range(n))
+        return a
+
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
         await self._parked_outcome(group_id)
         if group_id in self._lost:
@@ -218,7 +235,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     async def trajectory_finished(self, key: str, group_id: str, prompt_tokens: int, response_tokens: int,
                                   start_s: Optional[float] = None) -> int:
         """Record one finished response; returns n, the trainer's latest published version."""
-        a = self._state.pins.get(group_id)
+        a = self._state.pins.get(group_id) or self._adopted.get(group_id)
         if a is None:
             raise RoutingError(f"trajectory {key!r} finished for group {group_id!r}, which is not assigned")
         n = int(self._published)
@@ -234,7 +251,8 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         return n
 
     async def finish_group(self, group_id: str) -> None:
-        self._state, ended = finish_group(self._state, group_id)
+        adopted = self._adopted.pop(group_id, None) is not None
+        self._state, ended = (self._state, False) if adopted else finish_group(self._state, group_id)
         self._group_n.pop(group_id, None)
         self._group_finished.pop(group_id, None)
         self._lost.discard(group_id)

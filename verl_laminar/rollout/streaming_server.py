@@ -46,6 +46,13 @@ def pool_tag(sampling_params: Any) -> Optional[dict]:
     return None if tag is None else dict(tag)
 
 
+def where_of(tag: dict) -> Optional[dict]:
+    """The entry's place in its group (session, turn, piece), which a restarted trainer adopts whole responses by
+    (``policy.adopt``); None for a tag without it."""
+    where = {k: int(tag[k]) for k in ("session", "turn", "piece") if tag.get(k) is not None}
+    return where if len(where) == 3 else None
+
+
 def _prompt_ids(args: tuple, kwargs: dict) -> list:
     prompt = kwargs.get("prompt", args[0] if args else None)
     ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(prompt, "prompt_token_ids", None)
@@ -103,7 +110,7 @@ class StreamingEngine:
         # not awaited: this server's chunks follow it in order; the entry carries the pin's version, the chunks
         # the server's, so the pool refuses tokens of a version the group was not pinned to
         pool.open.remote(key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
-                         self._replica)
+                         self._replica, where_of(tag))
         streamer = PoolStreamer(pool, key, int(version), 0, self._chunk)
         tokens: list = []
         log_probs: list = []
@@ -174,6 +181,11 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
                 await self.clear_kv_cache()
             return {"aborted": True, "request_id": request_id}
 
+        async def laminar_unfinished(self) -> int:
+            """Requests the engine still holds: a restarted trainer waits for these to end before it ends a
+            detached replica of its predecessor (``fleet.outlive``)."""
+            return len(self.engine.output_processor.request_states)
+
         async def laminar_corrupt(self) -> None:
             """Fault injection (``laminar.fault_injection.replica_fault=garbage``): from now on every answer
             carries token ids outside the vocabulary, as a replica with corrupted weights or a broken kernel might."""
@@ -187,16 +199,27 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
     return LaminarVLLMHttpServer
 
 
-def replica_class_for(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
-    """verl's ``vLLMReplica`` with the streaming server: what ``LLMServerManager.rollout_replica_class`` takes."""
+def replica_class_for(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None,
+                      detached: bool = False) -> type:
+    """verl's ``vLLMReplica`` with the streaming server: what ``LLMServerManager.rollout_replica_class`` takes.
+    ``detached`` (``laminar.fleet.detached``): its placement group, workers and server outlive the trainer
+    (``fleet.outlive``)."""
     import ray
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    from verl_laminar.fleet.outlive import detach_server_class, detached_standalone
 
     server = streaming_server_class(chunk, pool_name)
 
     class LaminarVLLMReplica(vLLMReplica):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.server_class = ray.remote(server)
+            self.server_class = detach_server_class(ray.remote(server)) if detached else ray.remote(server)
+
+        async def init_standalone(self) -> None:
+            if detached:
+                await detached_standalone(self)
+            else:
+                await super().init_standalone()
 
     return LaminarVLLMReplica

@@ -28,6 +28,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl_laminar import metrics as lm
 from verl_laminar import timeline as tl
 from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
+from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.trainer import runtime
 
@@ -56,6 +57,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._replacer = None  # fleet.replacement.ReplacementLoop: a new replica for each dead one
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
         self._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
+        # laminar.fleet.detached: tokens generated while the previous trainer was down, and what was adopted
+        self._fleet = {"tokens_while_down": 0, "adopted": 0, "adopted_tokens": 0, "adopted_trained": 0}
+        self._fleet_beat = None  # fleet.outlive.Heartbeat
         super().__init__(config)
 
     # ---- construction ----
@@ -77,7 +81,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def _setup(self) -> None:
         from verl_laminar.trainer import pool as lpool
 
+        if self.laminar.fleet.detached:
+            from verl_laminar.fleet import outlive
+
+            outlive.check_cluster(self.config)  # raises, saying what to set, where the fleet cannot outlive the job
         self.pool = lpool.spawn_partial_pool(self.config, self.laminar)
+        if self.laminar.fleet.detached:
+            # a predecessor's replicas finish their requests (into the pool), then make room for this run's
+            found = outlive.sweep(self.laminar.fleet.drain_timeout_s, self.pool)
+            self._fleet["tokens_while_down"] = int(found.get("tokens_while_down", 0))
+            self._fleet_beat = outlive.Heartbeat(outlive.open_manifest(), self.laminar.heartbeat.interval_s)
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
         from verl_laminar.rollout.router import RefreshSettings, spawn_router
@@ -210,6 +223,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         for key, group_id, replica_id, version in events["started"]:
             ledger.start(key, group_id, replica_id, version)
         for e in events["finished"]:
+            if e["replica_id"] == ADOPTED_REPLICA:  # generated while the previous trainer was down (policy.adopt)
+                self._fleet["adopted"] += 1
+                self._fleet["adopted_tokens"] += e["response_tokens"]
             start = e["start_s"] if e["start_s"] is not None else e["finish_s"]
             ledger.finish(TrajectoryRecord(e["key"], e["group_id"], e["replica_id"], e["version"],
                                            min(start, e["finish_s"]), e["finish_s"], e["prompt_tokens"],
@@ -246,6 +262,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         snap_router = self._apply_router_events()
         keys = sorted({k.rsplit("_", 1)[0] for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")})
         trained = self.accounting.train_step(global_steps, keys)  # raises on unknown or twice-trained keys
+        self._fleet["adopted_trained"] += sum(1 for r in trained if r.replica_id == ADOPTED_REPLICA)
         # the router measured the replicas' refresh time since the last step; fold it in as one interval
         self.accounting.rollout_wait.begin("replicas", 0.0)
         self.accounting.rollout_wait.end("replicas", snap_router["rollout_wait_s"])
@@ -259,6 +276,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FT_GROUPS_LOST: float(self._ft["lost"]), lm.FT_GROUPS_PARKED: float(self._ft["parked"]),
                     lm.FT_POOL_CONTINUED: float(self._ft["continued"]),
                     lm.FT_POOL_CONTINUED_TOKENS: float(self._ft["continued_tokens"]),
+                    lm.FLEET_TOKENS_WHILE_DOWN: float(self._fleet["tokens_while_down"]),
+                    lm.FLEET_ADOPTED: float(self._fleet["adopted"]),
+                    lm.FLEET_ADOPTED_TOKENS: float(self._fleet["adopted_tokens"]),
+                    lm.FLEET_ADOPTED_TRAINED: float(self._fleet["adopted_trained"]),
                     lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
                     **self._replacement_metrics(),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
@@ -303,6 +324,13 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self.relay_group is not None:
             ray.get(self.relay_group.shutdown.remote())
             self.relay_group = None
+        if self._fleet_beat is not None:  # a clean end: nothing detached stays in the cluster
+            from verl_laminar.fleet import outlive
+
+            self._fleet_beat.stop()
+            self._fleet_beat = None
+            outlive.sweep(0.0)
+            outlive.end_manifest()
         if self.pool is not None:  # after the router: no request is open any more
             ray.get(self.pool.shutdown.remote())
             ray.kill(self.pool)

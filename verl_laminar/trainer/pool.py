@@ -36,20 +36,37 @@ def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
 
     from verl_laminar.pool.actor import POOL_NAME, spawn_pool
 
+    detached = laminar.fleet.detached
     try:  # a crashed run's pool in a Ray cluster that outlived it
-        ray.kill(ray.get_actor(POOL_NAME))
-        logger.warning("laminar: killed a partial-response pool %r left by an earlier run", POOL_NAME)
+        left = ray.get_actor(POOL_NAME)
     except ValueError:
-        pass  # none: the usual case
+        left = None  # none: the usual case
+    if left is not None and detached and resuming(config):
+        # a detached fleet's pool: what its replicas finished while the trainer was down is adopted from it
+        logger.warning("laminar: resuming with the partial-response pool %r the previous trainer left (%d entries)",
+                       POOL_NAME, ray.get(left.__len__.remote()))
+        return left
+    if left is not None:
+        ray.kill(left)
+        logger.warning("laminar: killed a partial-response pool %r left by an earlier run", POOL_NAME)
     path = pool_log_path(config)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if os.path.exists(path):
         os.remove(path)
-    pool = spawn_pool(path, node_id=ray.get_runtime_context().get_node_id())
+    pool = spawn_pool(path, node_id=ray.get_runtime_context().get_node_id(), detached=detached)
     ray.get(pool.__ray_ready__.remote())  # started (it replays nothing): a failure shows here, not at the first request
     logger.info("laminar: partial-response pool %r, log %s (flush every %d tokens or %.1f s)", POOL_NAME, path,
                 laminar.pool.flush_tokens, laminar.pool.flush_interval_s)
     return pool
+
+
+def resuming(config: Any) -> bool:
+    """Whether verl will resume this run from a checkpoint (``trainer.resume_mode`` and a saved step)."""
+    if str(config.trainer.resume_mode) == "disable":
+        return False
+    path = str(config.trainer.resume_from_path or "") if str(config.trainer.resume_mode) == "resume_path" else ""
+    return bool(path) or os.path.exists(os.path.join(str(config.trainer.default_local_dir),
+                                                     "latest_checkpointed_iteration.txt"))
 
 
 @contextlib.contextmanager
@@ -71,7 +88,7 @@ def streaming_replicas(laminar: Any, rollout_name: str) -> Iterator[bool]:
         raise RuntimeError("verl's LLMServerManager.rollout_replica_class is already set; the partial-response pool "
                            "needs its own replica class there (laminar.pool.enabled=false to run without it)")
     LLMServerManager.rollout_replica_class = replica_class_for(
-        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s))
+        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s), detached=laminar.fleet.detached)
     try:
         yield True
     finally:
