@@ -20,9 +20,10 @@ def _line(t: float, level: str, msg: str, who: str = "TaskRunnerV1 pid=1") -> st
     return f"\x1b[36m({who})\x1b[0m {level}:{stamp}:{msg}"
 
 
-def _step(step: int, tokens: float, spans: int = 1) -> str:
+def _step(step: int, tokens: float, spans: int = 1, down: int = 0, adopted: int = 0) -> str:
     return (f"\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:{step} - perf/total_num_tokens:{tokens} - "
-            f"training/off_policy/trajectory_spans/max:{spans} - laminar/ft/groups_moved:{step // 3}")
+            f"training/off_policy/trajectory_spans/max:{spans} - laminar/ft/groups_moved:{step // 3} - "
+            f"laminar/fleet/tokens_while_trainer_down:{down} - laminar/fleet/adopted_trajectories_trained:{adopted}")
 
 
 def test_the_plan_is_seeded_spaced_and_complete():
@@ -43,6 +44,7 @@ def test_the_launch_passes_the_plan_as_the_trainers_schedule_and_resumes(tmp_pat
     assert parse_schedule(sched.split("=", 1)[1].strip("'")) == tuple(plan)
     assert "trainer.save_freq=1" in cmd and "trainer.resume_mode=auto" in cmd
     assert env["STEPS"] == "19" and cmd[-1] == "laminar.pool.flush_tokens=8"
+    assert product.parse_args(["--fleet"]).fleet and not product.parse_args([]).fleet
 
 
 def test_the_report_reads_faults_recoveries_and_throughput_from_the_logs(tmp_path):
@@ -58,7 +60,8 @@ def test_the_report_reads_faults_recoveries_and_throughput_from_the_logs(tmp_pat
                                    "step 7")]
     log1 = [_line(250, "INFO", "laminar: every replica loaded version 7: {0: 7, 1: 7}"),
             _line(262, "INFO", "laminar step 8: staleness [0], replica versions {0: 7, 1: 7}, 32 trajectories")]
-    log1 += [_step(s, 1000.0, spans=2 if s == 9 else 1) for s in range(8, 11)]
+    # the next launch found 70 tokens generated after the killed trainer's last beat; it trained 4 adopted responses
+    log1 += [_step(s, 1000.0, spans=2 if s == 9 else 1, down=70, adopted=4) for s in range(8, 11)]
     launches = []
     for i, (lines, t0, seen) in enumerate([(log0, T0, {1: 10, 2: 20, 3: 29, 4: 120, 5: 130, 6: 140, 7: 150}),
                                            (log1, T0 + 200, {8: 62, 9: 72, 10: 82})]):
@@ -85,7 +88,7 @@ def test_the_report_reads_faults_recoveries_and_throughput_from_the_logs(tmp_pat
     assert kill["tokens_per_s_after"] == pytest.approx(3000.0 / 30.0)
     # kept progress: from step 1 to step 7 of launch 0 (140 s) and from step 8 to step 10 of launch 1 (20 s), of 290 s
     assert r["effective_training_time_ratio"] == pytest.approx((150 - 10 + 82 - 62) / 290, abs=1e-3)
-    assert r["tokens_generated_while_trainer_down"] is None and "TaskRunner" in r["not_measured"]
+    assert r["tokens_generated_while_trainer_down"] == 70 and r["adopted_trajectories_trained"] == 4
 
 
 def test_stamped_lines_and_rates_need_enough_steps_of_one_launch():

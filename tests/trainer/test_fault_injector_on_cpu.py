@@ -27,7 +27,10 @@ class _Handle:
 
 class _Router:
     def __init__(self) -> None:
-        self.movable, self.dead = {0: 0, 1: 0}, []
+        self.movable, self.dead, self.inflight = {0: 0, 1: 0}, [], 0
+
+    def total_inflight(self):
+        return self.inflight
 
     def dead_replicas(self):
         return list(self.dead)
@@ -132,7 +135,22 @@ def test_pool_and_trainer_kills_signal_their_processes(fakes):
     inj = _injector(fakes, "2:pool_kill;2:trainer_kill")
     inj.strike(2)
     assert fakes.signalled[0] == (4242, signal.SIGKILL)  # the pool's process
+    time.sleep(0.3)
+    assert len(fakes.signalled) == 1  # the trainer's kill waits for a replica that generates
+    fakes.router.inflight, fakes.pool.streamed[1] = 2, 1  # requests in flight, tokens of one in the pool
+    deadline = time.monotonic() + 5
+    while len(fakes.signalled) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert fakes.signalled[1][1] == signal.SIGKILL and fakes.signalled[1][0] == tf.os.getpid()  # then the trainer
+
+
+def test_a_trainer_kill_strikes_before_the_next_publication_even_with_idle_rollouts(fakes):
+    inj = _injector(fakes, "2:trainer_kill")
+    inj.strike(2)
+    time.sleep(0.2)
+    assert fakes.signalled == []
+    inj.land_armed()  # the next step's end
+    assert fakes.signalled == [(tf.os.getpid(), signal.SIGKILL)]
 
 
 def test_a_replica_that_dies_before_its_pids_are_found_is_no_target_and_the_trainer_goes_on(fakes, monkeypatch):

@@ -14,13 +14,15 @@ Dataflow:
        continued from the pool or rerun from their prompts, duplicated and mixed-version trajectories, replacements,
        training throughput around each fault, the effective training time ratio.
 
-What is not measured, and why: tokens generated while the trainer is down. verl's ``TaskRunner`` creates the
-rollout replicas, and Ray actors die with their owner, so nothing generates then (``docs/fleet_ownership.md``).
+Tokens generated while the trainer is down: only with ``--fleet`` (``laminar.fleet.detached``: the launches join a
+cluster from ``ray start`` and the replicas outlive a killed trainer). Without it verl's ``TaskRunner`` owns the
+replicas and they die with it (``docs/fleet_ownership.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -32,6 +34,7 @@ from typing import Optional
 from verl_laminar.bench.e2e import run_logged
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.chaos.report import build_report
+from verl_laminar.fleet.cluster import local_cluster
 from verl_laminar.policy.faults import KINDS, Fault
 
 logger = logging.getLogger("verl_laminar.chaos.product")
@@ -44,6 +47,9 @@ DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=4,tr
 # a replacement replica takes ~80 s to start on 2 busy cores, ~7 steps of this workload: faults come further apart
 DEFAULT_GAP_STEPS = 8
 FIRST_STEP = 3  # after the warm-up steps
+FLEET_NAMESPACE = "laminar_chaos"
+# --fleet: a cluster from ray start has the logical GPUs it is started with; room for this many replacements
+MAX_REPLACEMENTS = 3
 
 
 def parse_counts(text: str) -> dict[str, int]:
@@ -82,6 +88,15 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     model = str(args.model or model_dir(name=args.fixture))
     cmd, env = launch_command(out, model, plan, steps, args.set)
+    with contextlib.ExitStack() as stack:
+        if args.fleet:  # the replicas outlive a killed trainer: a cluster from ray start, a fixed namespace
+            env.update(stack.enter_context(local_cluster(gpus=1 + int(env["REPLICAS"]) + MAX_REPLACEMENTS)))
+            cmd += ["laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={FLEET_NAMESPACE}",
+                    f"laminar.replace.max_replacements={MAX_REPLACEMENTS}"]
+        return _launches(args, plan, steps, out, cmd, env)
+
+
+def _launches(args: argparse.Namespace, plan: list[Fault], steps: int, out: Path, cmd: list, env: dict) -> dict:
     launches = []
     t_start = time.time()
     for i in range(1 + sum(f.kind == "trainer_kill" for f in plan)):
@@ -113,6 +128,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="run directory (default: a fresh temporary one)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="the most one launch may take")
+    ap.add_argument("--fleet", action="store_true",
+                    help="laminar.fleet.detached: the launches join a ray start cluster and the replicas outlive a "
+                         "killed trainer (tokens generated while it is down are measured)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/<results-name>_<date>.json")
     ap.add_argument("--results-name", default="chaos_product")

@@ -34,7 +34,8 @@ RERUN = "running it again on the group's new replica"
 TOKENS = "perf/total_num_tokens"
 SPANS = "training/off_policy/trajectory_spans/max"
 FT_SUMS = (lm.FT_REPLICA_FAILURES, lm.FT_GROUPS_MOVED, lm.FT_GROUPS_LOST, lm.FT_GROUPS_PARKED, lm.FT_POOL_CONTINUED,
-           lm.FT_POOL_CONTINUED_TOKENS, lm.FT_HUNG_REPLICAS, lm.FT_REPLACEMENTS, lm.FT_REPLACEMENTS_FAILED)
+           lm.FT_POOL_CONTINUED_TOKENS, lm.FT_HUNG_REPLICAS, lm.FT_REPLACEMENTS, lm.FT_REPLACEMENTS_FAILED,
+           lm.FLEET_TOKENS_WHILE_DOWN, lm.FLEET_ADOPTED, lm.FLEET_ADOPTED_TOKENS, lm.FLEET_ADOPTED_TRAINED)
 
 
 def stamped(text: str) -> list[tuple[float, str]]:
@@ -170,7 +171,10 @@ def build_report(plan: Sequence[Fault], steps: int, launches: Sequence[dict], t_
         "after_over_before_median": statistics.median(ratios) if ratios else None,
         "effective_training_time_ratio": round(effective_ratio(times, t_start, t_end), 3),
         "wall_s": round(t_end - t_start, 1),
-        "tokens_generated_while_trainer_down": None,
-        "not_measured": "tokens generated while the trainer is down: verl's TaskRunner creates the rollouts and they "
-                        "die with it, so none are generated (docs/fleet_ownership.md)",
+        # laminar.fleet.detached (chaos --fleet): the replicas outlive a killed trainer; what reached the pool after
+        # its last heartbeat, and the trajectories the next launch adopted from the pool and trained
+        "tokens_generated_while_trainer_down": ft[lm.FLEET_TOKENS_WHILE_DOWN],
+        "adopted_trajectories": ft[lm.FLEET_ADOPTED],
+        "adopted_tokens": ft[lm.FLEET_ADOPTED_TOKENS],
+        "adopted_trajectories_trained": ft[lm.FLEET_ADOPTED_TRAINED],
     }

@@ -200,7 +200,10 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         self._raise_if_failed()
         if group_id in self._waiters or group_id in self._state.pins or group_id in self._adopted:
             raise RoutingError(f"group {group_id!r} asked for a replica twice")
-        if self._published is None or version > self._published:
+        while self._published is None:  # a resumed trainer's re-issued prompts may come before its first publication
+            self._raise_if_failed()
+            await asyncio.sleep(0.05)
+        if version > self._published:
             raise RoutingError(f"group {group_id!r} adopted at version {version}, above the published "
                                f"{self._published}: a discarded branch's responses")
         a = self._adopted[group_id] = Assignment(group_id, ADOPTED_REPLICA, int(version))

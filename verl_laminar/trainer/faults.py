@@ -62,10 +62,42 @@ class FaultInjector:
             elif f.kind == "pool_kill":
                 self._kill_pool(step)
             elif f.kind == "trainer_kill":
-                logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step "
-                               "%d", os.getpid(), step)
-                logging.shutdown()
-                os.kill(os.getpid(), signal.SIGKILL)
+                self._arm_trainer_kill(step)
+
+    # ---- the trainer's kill ----
+    def _generating(self) -> bool:
+        """Some replica is generating: requests in flight, and (with the pool) tokens of one already streamed."""
+        import ray
+
+        if ray.get(self._router.total_inflight.remote()) == 0:
+            return False
+        return self._pool is None or any(ray.get(self._pool.streamed_on.remote(r.replica_id, 1)) > 0
+                                         for r in self._live())
+
+    def _arm_trainer_kill(self, step: int) -> None:
+        """A trainer crash strikes while the rollouts generate, as it would where generation dominates (a crash at the
+        step's end would find this small workload's replicas idle): armed after the step's checkpoint, it waits until
+        a replica generates (at most ARM_WAIT_S), and strikes before the next publication at the latest."""
+        now = threading.Event()
+
+        def kill_when_generating() -> None:
+            deadline = time.monotonic() + ARM_WAIT_S
+            while not now.is_set() and time.monotonic() < deadline:
+                try:
+                    if self._generating():
+                        break
+                except Exception as e:  # noqa: BLE001 - a failed probe must not spare the kill
+                    logger.warning("laminar.fault_injection: probing the rollouts before the trainer kill: %r", e)
+                    break
+                time.sleep(0.05)
+            logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step %d",
+                           os.getpid(), step)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        thread = threading.Thread(target=kill_when_generating, name="laminar-trainer-kill", daemon=True)
+        thread.start()
+        self._armed.append((thread, now))
 
     # ---- replica faults ----
     def _busy(self, replica_id: int) -> bool:

@@ -60,6 +60,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         # laminar.fleet.detached: tokens generated while the previous trainer was down, and what was adopted
         self._fleet = {"tokens_while_down": 0, "adopted": 0, "adopted_tokens": 0, "adopted_trained": 0}
         self._fleet_beat = None  # fleet.outlive.Heartbeat
+        from verl_laminar.fleet.uids import StableUids
+
+        self._uids = StableUids() if self.laminar.fleet.detached else None
         super().__init__(config)
 
     # ---- construction ----
@@ -148,6 +151,37 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.rollout.client import LaminarLLMServerClient
 
         return self.standalone_server_manager.get_client(client_cls=LaminarLLMServerClient)
+
+    # ---- laminar.fleet.detached: prompt uids a resumed run draws again (fleet.uids) ----
+    def _fetch_one_gen_batch(self):
+        batch = super()._fetch_one_gen_batch()
+        if self._uids is not None:
+            from tensordict import NonTensorData, NonTensorStack
+
+            batch["uid"] = NonTensorStack(*[NonTensorData(u) for u in self._uids.take(len(batch["uid"]))])
+        return batch
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        if self._uids is not None:  # with verl's dataloader state, which fixes the order the counter names
+            self._uids.save(os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}"))
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self._uids is not None and self.global_steps > 0:
+            from verl_laminar.fleet.uids import StableUids
+
+            trainer = self.config.trainer
+            folder = (str(trainer.resume_from_path) if trainer.resume_mode == "resume_path" and trainer.resume_from_path
+                      else os.path.join(str(trainer.default_local_dir), f"global_step_{self.global_steps}"))
+            found = StableUids.load(folder)
+            if found is None:
+                logger.warning("laminar.fleet: %s has no prompt counter; this run's prompts get new uids, so what the "
+                               "fleet generated for the earlier ones is generated again", folder)
+            else:
+                self._uids = found
+                logger.info("laminar.fleet: prompt uids continue at %s-p%d", found.lineage, found.fetched)
+        return out
 
     # ---- weights: publish once, each replica pulls ----
     def _publish(self, version: int) -> dict:
