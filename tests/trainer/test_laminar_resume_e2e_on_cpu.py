@@ -4,12 +4,12 @@ really killed, while the rollouts keep generating.
 The two launches join a Ray cluster started first (``ray start --head``, as on a real cluster;
 ``fleet.cluster.local_cluster``) in a fixed namespace, with ``laminar.fleet.detached=true``: the replicas and the
 partial-response pool are detached actors. Run 1 checkpoints every step and SIGKILLs the trainer's process (verl's
-TaskRunner) right after step 2's checkpoint and publication: the job fails, and the replicas' requests in flight run
-to their end into the pool. Run 2, the same command with ``trainer.resume_mode=auto``, resumes from step 2: it lets
+TaskRunner) right after step 2's checkpoint, once the replicas generate again: the job fails, and the replicas' requests in flight run to
+their end into the pool. Run 2, the same command with ``trainer.resume_mode=auto``, resumes from step 2: it lets
 the old replicas finish, counts the tokens that reached the pool after the dead trainer's last heartbeat, ends them,
 builds its own, and verl re-issues the checkpoint's running prompts; the groups the pool holds whole are adopted
-(``policy.adopt``) and trained, the rest generated again. Step 3 trains whole single-version groups, each once, and
-nothing detached is left in the cluster after the clean end (docs/fleet_ownership.md)."""
+(``policy.adopt``) and trained, the rest generated again. Steps 3-5 train whole single-version groups, each once,
+and nothing detached is left in the cluster after the clean end (docs/fleet_ownership.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from verl_laminar.report.runlog import RunRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]  # two runs, ~10 min and ~10 GB on a 2-core host  # timeout: the run plus its checks
 
-STEPS = 3
+STEPS = 5  # the restored finished trajectories train first (step 3); the adopted ones by step 5
 KILL_AFTER = 2
 NAMESPACE = "laminar_resume_e2e"
 
@@ -98,6 +98,7 @@ def test_the_rerun_resumes_and_trains_the_rest_once_on_one_version(runs):
 def test_the_rollouts_generated_while_the_trainer_was_down_and_that_work_was_trained(runs):
     _, _, log2, left_in_cluster = runs
     assert re.search(r"laminar.fleet: ended the 2 detached replicas a previous trainer left", log2), log2[-3000:]
+    assert re.search(r"laminar.fleet: ended the 2 detached replicas at the run's end", log2), log2[-3000:]
     run = RunRecord("laminar").feed_all((0.0, line) for line in log2.splitlines())
     last = run.steps[STEPS]
     assert last["laminar/fleet/tokens_while_trainer_down"] > 0, last

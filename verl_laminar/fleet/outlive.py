@@ -177,7 +177,7 @@ def _wait_dead(actors: list, timeout_s: float = 60.0) -> None:
             time.sleep(0.2)
 
 
-def sweep(drain_timeout_s: float, pool: Any = None) -> dict:
+def sweep(drain_timeout_s: float, pool: Any = None, ending: bool = False) -> dict:
     """End a detached fleet a predecessor left (after letting its servers finish, up to ``drain_timeout_s``).
     Returns what it found: replicas, requests still unfinished at the end, seconds waited, the last beat and the
     tokens that reached ``pool`` after it."""
@@ -200,7 +200,9 @@ def sweep(drain_timeout_s: float, pool: Any = None) -> dict:
             ray.util.remove_placement_group(pg)
     ray.get(manifest.clear.remote())
     _wait_dead([a for r in replicas.values() for a in [*r["servers"], *r["workers"]]])
-    if replicas:
+    if replicas and ending:
+        logger.info("laminar.fleet: ended the %d detached replicas at the run's end", len(replicas))
+    elif replicas:
         logger.warning("laminar.fleet: ended the %d detached replicas a previous trainer left (%d requests still "
                        "running after %.1f s); %d tokens reached the pool after its last heartbeat", len(replicas),
                        left, waited, tokens)

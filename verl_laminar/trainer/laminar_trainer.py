@@ -363,7 +363,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
             self._fleet_beat.stop()
             self._fleet_beat = None
-            outlive.sweep(0.0)
+            outlive.sweep(0.0, ending=True)
             outlive.end_manifest()
         if self.pool is not None:  # after the router: no request is open any more
             ray.get(self.pool.shutdown.remote())
