@@ -48,8 +48,6 @@ DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=4,tr
 DEFAULT_GAP_STEPS = 8
 FIRST_STEP = 3  # after the warm-up steps
 FLEET_NAMESPACE = "laminar_chaos"
-# --fleet: a cluster from ray start has the logical GPUs it is started with; room for this many replacements
-MAX_REPLACEMENTS = 3
 
 
 def parse_counts(text: str) -> dict[str, int]:
@@ -90,9 +88,9 @@ def run(args: argparse.Namespace) -> dict:
     cmd, env = launch_command(out, model, plan, steps, args.set)
     with contextlib.ExitStack() as stack:
         if args.fleet:  # the replicas outlive a killed trainer: a cluster from ray start, a fixed namespace
-            env.update(stack.enter_context(local_cluster(gpus=1 + int(env["REPLICAS"]) + MAX_REPLACEMENTS)))
-            cmd += ["laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={FLEET_NAMESPACE}",
-                    f"laminar.replace.max_replacements={MAX_REPLACEMENTS}"]
+            # the trainer rank and the replicas, as logical GPUs (a replacement takes its dead replica's, released)
+            env.update(stack.enter_context(local_cluster(gpus=1 + int(env["REPLICAS"]))))
+            cmd += ["laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={FLEET_NAMESPACE}"]
         return _launches(args, plan, steps, out, cmd, env)
 
 

@@ -23,6 +23,7 @@ state is rebuilt from the replicas' versions, the relays from the checkpoint's w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -193,11 +194,13 @@ def sweep(drain_timeout_s: float, pool: Any = None, ending: bool = False) -> dic
     left, waited = asyncio.run(_drain(servers, drain_timeout_s)) if servers and drain_timeout_s > 0 else (0, 0.0)
     beat = found["beat"]
     tokens = ray.get(pool.tokens_since.remote(beat)) if pool is not None and beat is not None and replicas else 0
-    for r in replicas.values():
+    for r in replicas.values():  # a replica that died and was replaced meanwhile is gone already: skipped
         for actor in [*r["servers"], *r["workers"]]:
-            ray.kill(actor, no_restart=True)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         for pg in r["pgs"]:
-            ray.util.remove_placement_group(pg)
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(pg)
     ray.get(manifest.clear.remote())
     _wait_dead([a for r in replicas.values() for a in [*r["servers"], *r["workers"]]])
     if replicas and ending:
