@@ -61,3 +61,22 @@ def test_stable_uids_continue_from_the_checkpoint_and_differ_between_runs(tmp_pa
     assert len(set(first + after_checkpoint)) == 5 and all("_" not in u for u in first)
     assert StableUids().take(1) != StableUids().take(1)  # another fresh run: another lineage
     assert StableUids.load(str(tmp_path / "global_step_9")) is None
+
+
+def test_the_preflight_row_fails_a_detached_fleet_without_a_fixed_namespace():
+    from omegaconf import OmegaConf
+
+    from verl_laminar.config.schema import LaminarConfig
+    from verl_laminar.preflight.fleet import check_fleet
+    from verl_laminar.preflight.report import FAIL, OK, Report
+
+    on = LaminarConfig.from_omegaconf({"fleet": {"detached": True}})
+    rows = {}
+    for name, cfg, lam in [("off", OmegaConf.create({}), LaminarConfig()),
+                           ("no namespace", OmegaConf.create({"ray_kwargs": {"ray_init": {}}}), on),
+                           ("namespace", OmegaConf.create({"ray_kwargs": {"ray_init": {"namespace": "lam_x"}}}), on)]:
+        report = Report()
+        check_fleet(report, cfg, lam)
+        rows[name] = (report.rows[0].status, report.rows[0].detail)
+    assert rows["off"][0] == OK and rows["namespace"][0] == OK
+    assert rows["no namespace"] == (FAIL, "set +ray_kwargs.ray_init.namespace=laminar_<experiment>")

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl_laminar.preflight.fleet import check_fleet
 from verl_laminar.preflight.report import (  # noqa: F401  (re-exported: callers import them from checks)
     BUCKET_KEY,
     CUDA_RESERVE_BYTES,
@@ -360,6 +361,7 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
     if lam is not None:
         check_transport(report, lam, node_role(opts, p.single_host))
         check_request_ids(report, prepared, lam)
+        check_fleet(report, prepared, lam)
     version = check_weights(report, prepared, opts, ipc=not cpu_job)
     if lam is not None and version is not None:
         check_relays(report, prepared, lam, opts, p, version)
@@ -378,6 +380,7 @@ def start_checks(cfg: DictConfig, lam: Any, opts: Optional[Options] = None) -> R
     check_placement(report, cfg, p)
     check_transport(report, lam, node_role(opts, p.single_host))
     check_request_ids(report, cfg, lam)
+    check_fleet(report, cfg, lam)
     version = check_weights(report, cfg, opts, ipc=not cpu_job)
     if version is not None:
         check_relays(report, cfg, lam, opts, p, version)
