@@ -33,6 +33,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ensure_token() -> None:
+    """The cluster and its jobs authenticate with Ray's token (``ray start`` turns it on only where a token exists,
+    and a client given an explicit address does not assume it): create the default one if this host has none, as
+    Ray's own first ``ray.init()`` does."""
+    from ray._private.authentication.authentication_token_setup import generate_and_save_token
+    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
+
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        generate_and_save_token()
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 def _node_ip() -> str:
     from ray.util import get_node_ip_address
 
@@ -50,7 +62,8 @@ def local_cluster(gpus: int, cpus: int = 16, start_timeout_s: float = 120.0) -> 
     the CPU platform."""
     port = _free_port()
     address = f"{_node_ip()}:{port}"
-    env = {**os.environ, **CPU_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+    _ensure_token()
+    env = {**os.environ, **CPU_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     # Ray rewrites a loopback address to the host's own (resolve_ip_for_localhost): the head listens there
     cmd = [_ray_bin(), "start", "--head", "--block", f"--port={port}",
