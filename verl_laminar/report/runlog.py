@@ -32,6 +32,10 @@ def _number(text: str) -> Optional[float]:
         return None
 
 
+# "(TaskRunnerV1 pid=600)" with Ray's colour codes around it: the actor a console line came from
+_PREFIX = re.compile(r"^((?:\x1b\[\d+m)?\(\S+ pid=\d+\)(?:\x1b\[0m)?) ?(.*)$")
+
+
 def parse_step_line(line: str) -> Optional[tuple[int, dict[str, float]]]:
     """``(step, metrics)`` of one console line, or None when it is not a step line."""
     m = _STEP.search(line.rstrip("\n"))
@@ -57,15 +61,28 @@ class RunRecord:
     seen_s: dict[int, float] = field(default_factory=dict)
     violations: int = 0
     exit_code: Optional[int] = None
+    _open: Optional[tuple[str, str]] = field(default=None, repr=False)  # the last step line: (actor prefix, text)
 
     def feed(self, line: str, t: float) -> None:
         if VIOLATION in line:
             self.violations += 1
         parsed = parse_step_line(line)
+        if parsed is None and self._open is not None:
+            # Ray's log monitor sometimes breaks a long line in two, each part under the actor's prefix: the second
+            # part of a step line is joined to the first (mid-token, as it was cut)
+            prefix, text = self._open
+            m = _PREFIX.match(line)
+            if m is not None and m.group(1) == prefix and "step:" not in m.group(2) and " - " in m.group(2):
+                self._open = None
+                parsed = parse_step_line(text + m.group(2))
+        self._open = None
         if parsed is not None:
             step, metrics = parsed
             self.steps[step] = metrics
             self.seen_s.setdefault(step, t)
+            m = _PREFIX.match(line)
+            if m is not None:
+                self._open = (m.group(1), line.rstrip("\n"))
 
     def feed_all(self, lines: Iterable[tuple[float, str]]) -> "RunRecord":
         for t, line in lines:
