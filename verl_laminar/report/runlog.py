@@ -72,7 +72,7 @@ class RunRecord:
             # part of a step line is joined to the first (mid-token, as it was cut)
             prefix, text = self._open
             m = _PREFIX.match(line)
-            if m is not None and m.group(1) == prefix and "step:" not in m.group(2) and " - " in m.group(2):
+            if m is not None and m.group(1) == prefix and " - " in m.group(2):
                 self._open = None
                 parsed = parse_step_line(text + m.group(2))
         self._open = None
