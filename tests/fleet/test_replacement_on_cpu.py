@@ -125,7 +125,7 @@ def test_a_replacement_joins_the_router_unloaded_loads_the_newest_version_and_ta
             if router.versions()[0] == 1:
                 break
             await asyncio.sleep(0.01)
-        router._fail(0, "killed")
+        router._failover.fail(0, "killed")
         assert router.dead_replicas() == [0]
         router._raise_if_failed()  # no replica alive, but one is coming: the router waits
         with pytest.raises(RoutingError, match="already in the fleet"):
@@ -155,7 +155,7 @@ def test_with_every_replica_dead_the_router_waits_for_a_replacement_and_stops_wh
         await router.assign_group("g0", 2)  # replica 0's batch is full (one group per batch)
         waiting = asyncio.ensure_future(router.assign_group("g", 2))
         await asyncio.sleep(0.01)
-        router._fail(0, "killed")
+        router._failover.fail(0, "killed")
         await asyncio.sleep(0.01)
         if replacements:
             assert not waiting.done()  # the group waits for the replacement

@@ -195,7 +195,7 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, const
         # resumed: some request's prompt carried the partial response; restarted: every prompt is an original one
         assert (longest_prompt == 2) is constrained, longest_prompt
         assert sum(len(srv.prompts) for srv in servers.values()) == 5  # 4 responses + the one resumed or restarted
-        assert router.get_total_inflight() == 0 and all(not s for s in router._requests.values())
+        assert router.get_total_inflight() == 0 and all(not s for s in router._book.requests.values())
 
     asyncio.run(main())
 

@@ -168,7 +168,7 @@ async def _two_replicas(pool, response_length: int, with_pool: bool = True):
 
     router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
                            refresher=refresher)
-    router._probe_timeout_s = 1.0
+    router._failover.probe_timeout_s = 1.0
     await router.start(0)
     client = LaminarLLMServerClient(client_config(response_length=response_length),
                                     load_balancer_handle=ActorShell(router),

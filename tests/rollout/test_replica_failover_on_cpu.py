@@ -67,7 +67,7 @@ async def _setup(n: int, gpb: int = 2):
 
     router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(n)], gpb,
                            refresher=refresher)
-    router._probe_timeout_s = 1.0
+    router._failover.probe_timeout_s = 1.0
     await router.start(0)
     client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
     return router, servers, client, loads
@@ -234,14 +234,14 @@ async def _setup_parking(relay: HoldingRelay):
     """Two replicas, one replacement allowed; replica 1 moves on to version 1 while group ``ga`` keeps replica 0 on
     version 0, and ``ga``'s request is in flight there."""
     router, servers, client, loads = await _setup(2, gpb=1)
-    router._replacements_left = 1
+    router._failover.replacements_left = 1
     pin = await router.assign_group("ga", 2)
     await router.on_publish(1)
     other = 1 - pin.replica_id
     while router.versions()[other] != 1:
         await asyncio.sleep(0.01)
     shell = ActorShell(relay)  # one machine: both replicas read the same relay
-    router._relays = {0: shell, 1: shell}
+    router._book.relays = {0: shell, 1: shell}
     GROUP_PIN.set(pin)
     req = asyncio.create_task(client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={}))
     await servers[pin.replica_id].started.wait()
@@ -321,7 +321,7 @@ def test_without_a_replacement_coming_a_group_is_lost_not_parked():
     async def main():
         relay = HoldingRelay()
         router, servers, client, loads, pin, req = await _setup_parking(relay)
-        router._replacements_left = 0
+        router._failover.replacements_left = 0
         servers[pin.replica_id].die()
         with pytest.raises(ReplicaLost):
             await asyncio.wait_for(req, 5.0)
@@ -337,16 +337,16 @@ def test_relays_hold_a_lagging_replicas_version_while_it_has_open_groups_and_rel
         relay = HoldingRelay(readable=(0, 1))
         router, servers, client, loads = await _setup(2, gpb=1)
         shell = ActorShell(relay)
-        router._relays = {0: shell, 1: shell}
+        router._book.relays = {0: shell, 1: shell}
         pin = await router.assign_group("ga", 1)
         await asyncio.sleep(0.05)
         assert relay.held == []  # v0 is the newest: nothing to hold
         await router.on_publish(1)
         await _await_until(router, lambda: relay.held == [0])  # ga's replica lags: its version is held
-        assert router._holds.held == {0}
+        assert router._failover.holds.held == {0}
         await router.finish_group("ga")  # its batch ends: it refreshes, v0 is needed no more
         await _await_until(router, lambda: relay.released == [0])
-        assert router._holds.held == set()
+        assert router._failover.holds.held == set()
         await router.close()
 
     asyncio.run(main())
@@ -356,9 +356,9 @@ def test_a_refused_hold_is_not_asked_again_and_the_groups_of_a_death_are_then_lo
     async def main():
         relay = HoldingRelay(readable=(1,))  # no room (or gone): every hold of version 0 is refused
         router, servers, client, loads = await _setup(2, gpb=1)
-        router._replacements_left = 1
+        router._failover.replacements_left = 1
         shell = ActorShell(relay)
-        router._relays = {0: shell, 1: shell}
+        router._book.relays = {0: shell, 1: shell}
         pin = await router.assign_group("ga", 1)
         await router.on_publish(1)
         await _await_until(router, lambda: relay.held == [0])
@@ -383,10 +383,10 @@ def test_a_parked_group_whose_requests_all_gave_up_leaves_nothing_for_the_replac
         relay = HoldingRelay()
         router, servers, client, loads, pin, req = await _setup_parking(relay)
         servers[pin.replica_id].die()
-        await _await_until(router, lambda: router._parked == {0: {"ga"}})
+        await _await_until(router, lambda: router._failover.parked == {0: {"ga"}})
         req.cancel()
         await router.finish_group("ga")  # verl ended the group (its requests gave up)
-        assert router._parked == {} and router._park_futs == {}
+        assert router._failover.parked == {} and router._failover.park_futs == {}
         servers[2] = MortalServer(2)
         router.add_replica(ReplicaHandles(2, "a2", ActorShell(servers[2])), replaces=pin.replica_id)
         await _await_until(router, lambda: router.versions()[2] == 1)  # the newest, not the abandoned version 0

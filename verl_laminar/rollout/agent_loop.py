@@ -25,7 +25,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.rollout.client import ADOPTED, GROUP_PIN, SESSION, check_label
 from verl_laminar.rollout.pool_client import pool_enabled
-from verl_laminar.rollout.router import ROUTER_NAME
+from verl_laminar.rollout.router_actor import ROUTER_NAME
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from verl_laminar.policy.repack import RepackConfig as RepackPolicy
 from verl_laminar.rollout.repack import RepackRounds
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RepackSettings:
+    """``laminar.repack`` as the router uses it: how often to plan, and the planner's bounds (B resolved)."""
+
+    policy: RepackPolicy
+    interval_s: float = 5.0
 
 
 class RepackHost(Protocol):

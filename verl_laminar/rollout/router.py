@@ -1,6 +1,6 @@
 """The Laminar router: whole prompt groups to one replica, per-replica refresh, version-pinned requests.
 
-Dataflow (one asyncio loop; the Ray actor shell is ``ray.remote(LaminarRouter)``):
+Dataflow (one asyncio loop; the Ray actor shell: ``rollout.router_actor.spawn_router``):
     agent-loop worker  assign_group(uid, n)   -> queued; every event re-plans (policy.dispatch) and resolves
                                                  the waiting call with an Assignment (replica, version)
     pinned client      acquire_pinned(req, uid, version) -> (server address, handle); in-flight += 1
@@ -20,7 +20,8 @@ A replica refreshes only when its own batch ended and nothing of it is in flight
 A refresh (``rollout.refresh.VersionLoader``, given a narrow ``RefreshHost``: the router's methods under "refresh
 host") waits until the replica's relay committed the version, with deadlines that scale with the version's size and
 the chain's length, and retries a failed wait; the router applies its outcome. verl's RequestLoadBalancer protocol:
-``rollout.balancer``. A replica dies: ``rollout.router_failover``. ``bench.repack`` drives this same loop over its
+``rollout.balancer``. A replica dies: ``rollout.router_failover.ReplicaFailover``, a component given a narrow
+``FailoverHost`` (the router's methods under "failover host") and the books it reads (``rollout.books``). ``bench.repack`` drives this same loop over its
 own engines (``bench.router_run``).
 """
 
@@ -29,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
     DispatchPlan,
+    DispatchState,
     RefreshDecision,
     RoutingError,
     abandon_refresh,
@@ -47,80 +48,53 @@ from verl_laminar.policy.dispatch import (
     route,
 )
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
-from verl_laminar.policy.repack import RepackConfig as RepackPolicy
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
 from verl_laminar.rollout.balancer import VerlBalancerProtocol
+from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
 from verl_laminar.rollout.refresh import LoaderSettings, VersionLoader, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
-from verl_laminar.rollout.repack_driver import RepackDriver
+from verl_laminar.rollout.repack_driver import RepackDriver, RepackSettings
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
 logger = logging.getLogger(__name__)
 
-ROUTER_NAME = "laminar_router"
-UNLOADED = -1  # version of a replica before its first refresh: it takes no group until it has v0
-
-
-@dataclass(frozen=True)
-class ReplicaHandles:
-    replica_id: int
-    address: str  # verl's server id for the balancer protocol
-    server: Any  # the vLLMHttpServer actor handle requests go to
-    workers: tuple = ()  # the replica's CheckpointEngineWorker handles (what a refresh calls)
+__all__ = ["LaminarRouter", "ReplicaHandles", "RepackSettings", "UNLOADED"]
 
 
 Refresher = Callable[[ReplicaHandles, int], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class RepackSettings:
-    """``laminar.repack`` as the router uses it: how often to plan, and the planner's bounds (B resolved)."""
-
-    policy: RepackPolicy
-    interval_s: float = 5.0
-
-
-async def _default_refresher(replica: ReplicaHandles, version: int) -> None:
-    await refresh_replica(replica.workers, version)
-
-
-class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
+class LaminarRouter(VerlBalancerProtocol):
     def __init__(self, replicas: Sequence[ReplicaHandles], groups_per_batch: int,
                  refresher: Optional[Refresher] = None, drain_timeout_s: float = 30.0,
                  relays: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
                  reader: Optional[Callable[[str], Any]] = None, refresh: Optional[RefreshSettings] = None,
                  chain_relays: int = 1, replacements: int = 0) -> None:
-        self._replicas = {r.replica_id: r for r in replicas}
-        self._by_address = {r.address: r.replica_id for r in replicas}
+        self._book = ReplicaBook.of(replicas, relays)  # handles, relays, requests in flight (rollout.books)
+        self._groups = GroupBook()  # sizes, responses finished, assignment times, validation groups
         self._cfg = DispatchConfig(groups_per_batch)
-        refresher = refresher or _default_refresher
+        refresher = refresher or (lambda replica, version: refresh_replica(replica.workers, version))
         self._clock = clock
-        self._relays = dict(relays or {})  # replica -> its machine-local relay actor (newest(), progress())
-        self._loader = VersionLoader(self, lambda rid: self._relays.get(rid),
-                                     lambda rid, v: refresher(self._replicas[rid], v),
+        self._loader = VersionLoader(self, lambda rid: self._book.relays.get(rid),
+                                     lambda rid, v: refresher(self._book.handles[rid], v),
                                      LoaderSettings(refresh or RefreshSettings(), chain_relays, drain_timeout_s),
                                      clock)
-        self._state = initial_state(self._replicas, UNLOADED)
+        self._state = initial_state(self._book.handles, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
-        self._group_n: dict[str, int] = {}
-        self._group_finished: dict[str, int] = {}  # group -> responses finished (trajectory_finished calls)
-        self._validate: set[str] = set()
         self._adopted: dict[str, Assignment] = {}  # adopt_group: answered from the pool, on no replica
-        self._inflight = {rid: 0 for rid in self._replicas}
         self._published: Optional[int] = None
         self._tasks: set[asyncio.Task] = set()
         self._events: dict[str, list] = {k: [] for k in ("started", "finished", "versions", "violations",
                                                          "failures", "continued", "adopted")}
-        self._init_failover(replacements)  # rollout.router_failover: dead, parked, lost, fenced, replacements
-        self._assigned_s: dict[str, float] = {}  # group -> when it got its replica (oldest move first)
+        # dead, parked, lost and fenced replicas and groups, replacements to come (rollout.router_failover)
+        self._failover = ReplicaFailover(self, self._book, self._groups, self._cfg, replacements, clock)
         self._rollout_wait_s = 0.0
         self._refreshes = 0
         self._error: Optional[BaseException] = None
         self._closed = False
-        self._requests: dict[int, set[str]] = {rid: set() for rid in self._replicas}  # vLLM ids in flight
         self._repack = (RepackDriver(self, RepackRounds(repack.policy), repack.interval_s, reader, clock)
                         if repack else None)
 
@@ -131,7 +105,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         self._published = int(version)
         self._pump()
         if self._repack is not None and self._repack.started:
-            self._spawn(self._repack.round())  # Laminar repacks right after each publication too
+            self.spawn(self._repack.round())  # Laminar repacks right after each publication too
 
     async def start(self, version: int, timeout_s: Optional[float] = None) -> dict[int, int]:
         """Publish v0 and wait until every live replica serves it (the same refresh path as later versions).
@@ -154,7 +128,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
         self._closed = True
-        self._lose_unserved("the run is ending", every=True)
+        self._failover.closing()
         if self._repack is not None:
             self._repack.stop()
         if self._tasks:
@@ -172,7 +146,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     def snapshot(self) -> dict[str, Any]:
         wait, self._rollout_wait_s = self._rollout_wait_s, 0.0
         return {"versions": self.versions(), "published": self._published, "queued": len(self._queue),
-                "inflight": dict(self._inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
+                "inflight": dict(self._book.inflight), "refreshes": self._refreshes, "rollout_wait_s": wait,
                 "open_groups": {r.replica_id: len(r.open_groups) for r in self._state.replicas},
                 "dead": sorted(r.replica_id for r in self._state.replicas if not r.alive),
                 "repack": self._repack.metrics() if self._repack else {}}
@@ -184,10 +158,10 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
             raise RoutingError(f"group {group_id!r} asked for a replica twice")
         fut = asyncio.get_running_loop().create_future()
         self._waiters[group_id] = fut
-        self._group_n[group_id] = int(n)
+        self._groups.n[group_id] = int(n)
         if validate:
             # validation runs on the replicas' current versions; it goes first so it delays training least
-            self._validate.add(group_id)
+            self._groups.validate.add(group_id)
             self._queue.insert(0, group_id)
         else:
             self._queue.append(group_id)
@@ -207,29 +181,25 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
             raise RoutingError(f"group {group_id!r} adopted at version {version}, above the published "
                                f"{self._published}: a discarded branch's responses")
         a = self._adopted[group_id] = Assignment(group_id, ADOPTED_REPLICA, int(version))
-        self._group_n[group_id] = int(n)
-        self._assigned_s[group_id] = self._clock()
+        self._groups.n[group_id] = int(n)
+        self._groups.assigned_s[group_id] = self._clock()
         self._events["started"].extend((f"{group_id}_{i}", group_id, ADOPTED_REPLICA, a.version) for i in range(n))
         return a
 
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
-        await self._parked_outcome(group_id)
-        if group_id in self._lost:
+        await self._failover.parked_outcome(group_id)
+        if group_id in self._failover.lost:
             raise ReplicaLost(f"group {group_id!r} (version {version}) was on a replica that died, and no live "
                               "replica serves that version; verl fails the group and refills the batch")
         a = route(self._state, group_id)  # raises if the replica no longer serves the group's version
         if a.version != version:
             raise RoutingError(f"request {request_id} of group {group_id!r} carries version {version}, "
                                f"but the group is pinned to {a.version}")
-        self._inflight[a.replica_id] += 1
-        self._requests[a.replica_id].add(request_id)
-        r = self._replicas[a.replica_id]
+        r = self._book.acquire(a.replica_id, request_id)
         return r.address, r.server
 
     async def release_server(self, server_id: str, request_id: Optional[str] = None) -> None:
-        rid = self._by_address[server_id]
-        self._inflight[rid] = max(0, self._inflight[rid] - 1)
-        self._requests[rid].discard(request_id)
+        self._book.release(server_id, request_id)
 
     async def migrated(self, request_id: str) -> bool:
         """Was this (aborted) request taken off its replica by repack? Asked once per aborted request."""
@@ -242,13 +212,13 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         if a is None:
             raise RoutingError(f"trajectory {key!r} finished for group {group_id!r}, which is not assigned")
         n = int(self._published)
-        self._group_finished[group_id] = self._group_finished.get(group_id, 0) + 1
-        if group_id not in self._validate:
+        self._groups.finished[group_id] = self._groups.finished.get(group_id, 0) + 1
+        if group_id not in self._groups.validate:
             self._events["finished"].append(dict(key=key, group_id=group_id, replica_id=a.replica_id,
                                                  version=a.version, start_s=start_s, finish_s=self._clock(),
                                                  # start_s is the agent-loop worker's clock (maybe another
                                                  # node); the group's assignment is on this router's clock
-                                                 assigned_s=self._assigned_s.get(group_id),
+                                                 assigned_s=self._groups.assigned_s.get(group_id),
                                                  prompt_tokens=int(prompt_tokens),
                                                  response_tokens=int(response_tokens), n=n))
         return n
@@ -256,12 +226,8 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     async def finish_group(self, group_id: str) -> None:
         adopted = self._adopted.pop(group_id, None) is not None
         self._state, ended = (self._state, False) if adopted else finish_group(self._state, group_id)
-        self._group_n.pop(group_id, None)
-        self._group_finished.pop(group_id, None)
-        self._lost.discard(group_id)
-        self._unpark(group_id)  # its requests all gave up
-        self._assigned_s.pop(group_id, None)
-        self._validate.discard(group_id)
+        self._groups.forget(group_id)
+        self._failover.group_finished(group_id)  # lost, or parked while its requests all gave up
         if ended:
             self._pump()
 
@@ -270,27 +236,57 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         self._events["violations"].append(message)
 
     def servers(self) -> list[str]:
-        return list(self._by_address)
+        return list(self._book.by_address)
 
     def total_inflight(self) -> int:
-        return sum(self._inflight.values())
+        return self._book.total_inflight()
 
     def inflight_on(self, replica_id: int) -> int:
         """Requests in flight on one replica (fault injection waits for some before a kill)."""
-        return self._inflight[replica_id]
+        return self._book.inflight[replica_id]
 
-    def _spawn(self, coro: Any) -> None:
+    # ---- replica deaths and replacements (rollout.router_failover; the Ray API forwards) ----
+    async def replica_failed(self, group_id: str, version: int, error: str, server_id: Optional[str] = None) -> str:
+        return await self._failover.replica_failed(group_id, version, error, server_id)
+
+    async def replica_misbehaved(self, group_id: str, version: int, reason: str, server_id: str) -> str:
+        return await self._failover.replica_misbehaved(group_id, version, reason, server_id)
+
+    def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
+        """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
+        partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
+        self._events["continued"].append((group_id, request_id, int(tokens)))
+
+    def add_replica(self, replica: ReplicaHandles, relay: Any = None, replaces: Optional[int] = None) -> None:
+        self._failover.add_replica(replica, relay, replaces)
+
+    def replacement_failed(self, dead: int, error: str) -> None:
+        self._failover.replacement_failed(dead, error)
+
+    def dead_replicas(self) -> list[int]:
+        return self._failover.dead_replicas()
+
+    def open_groups_on(self, replica_id: int) -> int:
+        return self._failover.open_groups_on(replica_id)
+
+    def movable_groups_on(self, replica_id: int) -> int:
+        return self._failover.movable_groups_on(replica_id)
+
+    def busy_replicas(self) -> list[int]:
+        return self._failover.busy_replicas()
+
+    def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     # ---- repack host (rollout.repack_driver.RepackHost) ----
     def repack_candidates(self) -> list[tuple[ReplicaHandles, int]]:
-        return [(self._replicas[r.replica_id], r.version) for r in self._state.replicas
+        return [(self._book.handles[r.replica_id], r.version) for r in self._state.replicas
                 if r.alive and r.refreshing_to is None]
 
     def requests_on(self, replica_id: int) -> set[str]:
-        return self._requests[replica_id]
+        return self._book.requests[replica_id]
 
     def taking(self) -> set[int]:
         """Replicas still taking groups: only while groups wait in the queue (else each is in its tail)."""
@@ -308,7 +304,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         return self._state.replica(replica_id).alive
 
     async def answers(self, replica_id: int) -> bool:
-        return await self._alive(replica_id)
+        return await self._failover.probe(replica_id)
 
     def published(self) -> int:
         return int(self._published)
@@ -317,7 +313,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         return self._closed
 
     def exact_version(self, replica_id: int) -> bool:
-        return replica_id in self._loading_parked  # a load for parked groups needs their version, not the newest
+        return self._failover.loads_parked(replica_id)
 
     def retarget(self, replica_id: int, version: int) -> None:
         self._state = abandon_refresh(self._state, replica_id)
@@ -328,7 +324,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
         if not self._state.replica(d.replica_id).alive:
             return  # it was failed over while loading (its refreshing_to was cleared then)
         self._state = complete_refresh(self._state, d.replica_id, loaded)
-        self._adopt_parked(d.replica_id, loaded)  # groups of a dead replica waiting for this version
+        self._failover.adopt_parked(d.replica_id, loaded)  # groups of a dead replica waiting for this version
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
         # (replica, version, finished, started, previous version): the first three are what the ledger needs,
@@ -341,7 +337,7 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
     def refresh_died(self, d: RefreshDecision, error: BaseException) -> None:
         logger.error("refresh of replica %d to version %d failed: the replica is dead (%r)", d.replica_id,
                      d.to_version, error)
-        self._fail(d.replica_id, f"died while loading version {d.to_version}: {error!r}")
+        self._failover.fail(d.replica_id, f"died while loading version {d.to_version}: {error!r}")
 
     def refresh_failed(self, d: RefreshDecision, error: BaseException) -> None:
         self._state = abandon_refresh(self._state, d.replica_id)
@@ -349,11 +345,31 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
             logger.info("refresh of replica %d stopped by close: %r", d.replica_id, error)
             return
         logger.error("refresh of replica %d to version %d failed: %r", d.replica_id, d.to_version, error)
+        self.stop(error, RuntimeError(f"refresh of replica {d.replica_id} failed: {error!r}"))
+
+    # ---- failover host (rollout.router_failover.FailoverHost) ----
+    def state(self) -> DispatchState:
+        return self._state
+
+    def commit(self, state: DispatchState) -> None:
+        self._state = state
+
+    def published_version(self) -> Optional[int]:
+        return self._published
+
+    def load(self, d: RefreshDecision) -> None:
+        self.spawn(self._loader.run(d))
+
+    def stop(self, error: BaseException, told: Optional[BaseException] = None) -> None:
+        """The router stops: every waiting ``assign_group`` raises ``told`` (default ``error``), later calls too."""
         self._error = error
         for fut in self._waiters.values():
             if not fut.done():
-                fut.set_exception(RuntimeError(f"refresh of replica {d.replica_id} failed: {error!r}"))
+                fut.set_exception(told or error)
         self._waiters.clear()
+
+    def record(self, kind: str, event: Any) -> None:
+        self._events[kind].append(event)
 
     # ---- planning ----
     def _raise_if_failed(self) -> None:
@@ -361,33 +377,17 @@ class LaminarRouter(ReplicaFailover, VerlBalancerProtocol):
             raise RuntimeError(f"the router stopped after a failed refresh: {self._error!r}") from self._error
 
     def _pump(self) -> None:
-        self._sync_holds()  # the relays keep what a death would need (rollout.router_failover, rollout.holds)
+        self._failover.sync_holds()  # the relays keep what a death would need (rollout.holds)
         if self._published is None or self._closed:
             return  # nothing published yet (replicas hold no weights), or shutting down
         plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)
         for d in plan.refreshes:
-            self._spawn(self._loader.run(d))
+            self.load(d)
         for a in plan.assignments:
-            self._assigned_s[a.group_id] = self._clock()
-            if a.group_id not in self._validate:
-                for i in range(self._group_n[a.group_id]):
+            self._groups.assigned_s[a.group_id] = self._clock()
+            if a.group_id not in self._groups.validate:
+                for i in range(self._groups.n[a.group_id]):
                     self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
             self._waiters.pop(a.group_id).set_result(a)
-
-
-def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
-                 max_concurrency: int = 10_000, name: str = ROUTER_NAME,
-                 repack: Optional[RepackSettings] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1, replacements: int = 0) -> Any:
-    """The Ray actor shell: each unassigned group holds one pending call, so concurrency must exceed the queue.
-
-    ``refresh`` (``RefreshSettings.from_laminar``) and ``chain_relays`` (the relay chain's length, master
-    included) set the refresh deadlines; the defaults suit one machine. ``replacements``: how many dead replicas
-    the fleet will replace (``laminar.replace``), so that losing every replica waits for one instead of failing."""
-    import ray
-
-    return ray.remote(LaminarRouter).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
-        replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays,
-        replacements=replacements)

@@ -1,7 +1,9 @@
 """The router's replica failover: a replica reported dead is probed, marked dead and its groups moved.
 
-Mixed into ``rollout.router.LaminarRouter`` (it uses the router's dispatch state, group sizes, in-flight
-counts, events and waiters). Dataflow:
+A component of ``rollout.router.LaminarRouter``, which hands it a narrow ``FailoverHost`` (the dispatch state to
+read, a transition to commit, a refresh to start, the router to stop, an event to record) and the two books it
+reads (``rollout.books``: replicas and groups); it keeps its own state (lost, parked, fenced, replacements to
+come). The router's Ray API forwards the calls below to it. Dataflow:
     pinned client: a request fails with a Ray actor error -> replica_failed(group, version, error)
         -> the group's replica answers a probe?   yes: "alive" (the error was something else; it is raised)
         -> no: _fail(replica) -> policy.replica_loss.fail_replica: mark dead, move its open groups to live
@@ -28,55 +30,73 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
-from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, RoutingError, add_replica, apply_plan
-from verl_laminar.policy.dispatch import close_batch, move_group
+from verl_laminar.policy.dispatch import DispatchConfig, DispatchPlan, DispatchState, RefreshDecision, RoutingError
+from verl_laminar.policy.dispatch import add_replica, apply_plan, close_batch, move_group
 from verl_laminar.policy.holds import versions_to_hold
 from verl_laminar.policy.replica_loss import fail_replica
+from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
 from verl_laminar.rollout.holds import RelayHolds
-
-if TYPE_CHECKING:
-    from verl_laminar.rollout.router import ReplicaHandles
 
 logger = logging.getLogger(__name__)
 
 
+class FailoverHost(Protocol):
+    """What failover needs from the loop that owns the dispatch state (the router), and nothing else of it. It
+    computes each transition with the pure policy (``policy.replica_loss``, ``policy.dispatch``) from ``state()``
+    and hands it back; no await lies between the two, so no other event interleaves."""
+
+    def state(self) -> DispatchState: ...
+    def commit(self, state: DispatchState) -> None: ...
+    def published_version(self) -> Optional[int]: ...  # None before the first publication
+    def closed(self) -> bool: ...
+    def load(self, d: RefreshDecision) -> None: ...  # start this refresh (the router's VersionLoader)
+    def spawn(self, coro: Any) -> None: ...  # a task the router awaits at close
+    def pump(self) -> None: ...  # re-plan the dispatch
+    def stop(self, error: BaseException) -> None: ...  # the router stops: waiting and later calls raise it
+    def record(self, kind: str, event: Any) -> None: ...  # one of the router's drained events
+
+
 class ReplicaFailover:
-    def _init_failover(self, replacements: int) -> None:
-        self._lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
-        self._parked: dict[int, set[str]] = {}  # version -> a dead replica's groups waiting for a replacement on it
-        self._park_futs: dict[str, asyncio.Future] = {}  # parked group -> set when adopted or lost
+    def __init__(self, host: FailoverHost, replicas: ReplicaBook, groups: GroupBook, cfg: DispatchConfig,
+                 replacements: int, clock: Callable[[], float]) -> None:
+        self._host, self._replicas, self._groups, self._cfg, self._clock = host, replicas, groups, cfg, clock
+        self.lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version
+        self.parked: dict[int, set[str]] = {}  # version -> a dead replica's groups waiting for a replacement on it
+        self.park_futs: dict[str, asyncio.Future] = {}  # parked group -> set when adopted or lost
         self._loading_parked: dict[int, int] = {}  # replacement -> the parked version it loads
-        self._holds = RelayHolds(lambda: self._relays.values())  # versions kept beyond keep_versions (rollout.holds)
-        self._replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
+        self.holds = RelayHolds(lambda: replicas.relays.values())  # versions kept beyond keep_versions
+        self.replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
         self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
         self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
-        self._probe_timeout_s = 10.0
+        self.probe_timeout_s = 10.0
 
+    # ---- the router's Ray API, forwarded ----
     async def replica_failed(self, group_id: str, version: int, error: str, server_id: Optional[str] = None) -> str:
         """A request of ``group_id`` sent to ``server_id`` (default: the group's replica) failed with an actor
         error. Returns "alive" (that replica answers a probe, so the error was not its death: the caller
         raises it), "moved" (retry: the group is on a live replica of its version), "moved_fresh" (the same, but the
         replica had been fenced for garbage output: the request starts over from its prompt) or "lost".
         The failed server is named by the caller because repack may have moved the group off it meanwhile."""
-        if group_id in self._lost:
+        if group_id in self.lost:
             return "lost"
-        a = self._state.pins.get(group_id)
+        a = self._host.state().pins.get(group_id)
         if a is None:
             raise RoutingError(f"replica_failed for group {group_id!r}, which is not assigned")
         if a.version != version:
             raise RoutingError(f"replica_failed for group {group_id!r} with version {version}, but the group is "
                                f"pinned to {a.version}")
-        failed = a.replica_id if server_id is None else self._by_address[server_id]
-        if self._state.replica(failed).alive:
-            if await self._alive(failed):
+        failed = a.replica_id if server_id is None else self._replicas.by_address[server_id]
+        if self._host.state().replica(failed).alive:
+            if await self.probe(failed):
                 return "alive"
-            self._fail(failed, error)
-        await self._parked_outcome(group_id)
-        if group_id in self._lost:
+            self.fail(failed, error)
+        await self.parked_outcome(group_id)
+        if group_id in self.lost:
             return "lost"
-        if not self._state.replica(self._state.pins[group_id].replica_id).alive:
+        state = self._host.state()
+        if not state.replica(state.pins[group_id].replica_id).alive:
             return "lost"
         # a fenced replica's streamed tokens are not trusted: the request restarts from its prompt
         return "moved_fresh" if failed in self._fenced else "moved"
@@ -85,87 +105,60 @@ class ReplicaFailover:
         """A request of ``group_id`` on ``server_id`` came back as garbage: that replica is fenced (marked dead
         like a lost one; the trainer ends its processes before a replacement takes its place) and the group moved.
         Returns "moved" (retry on the group's replica) or "lost"."""
-        if group_id in self._lost:
+        if group_id in self.lost:
             return "lost"
-        if group_id not in self._state.pins:
+        if group_id not in self._host.state().pins:
             raise RoutingError(f"replica_misbehaved for group {group_id!r}, which is not assigned")
-        self._fenced.add(self._by_address[server_id])
-        self._fail(self._by_address[server_id], f"fenced: {reason}")
-        await self._parked_outcome(group_id)
-        if group_id in self._lost:
+        self._fenced.add(self._replicas.by_address[server_id])
+        self.fail(self._replicas.by_address[server_id], f"fenced: {reason}")
+        await self.parked_outcome(group_id)
+        if group_id in self.lost:
             return "lost"
-        a = self._state.pins[group_id]
-        return "moved" if a.version == version and self._state.replica(a.replica_id).alive else "lost"
-
-    def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
-        """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
-        partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
-        self._events["continued"].append((group_id, request_id, int(tokens)))
-
-    async def _alive(self, replica_id: int) -> bool:
-        """A dead actor fails any call at once; a hung one does not answer within the timeout."""
-        import ray
-
-        try:
-            await asyncio.wait_for(self._replicas[replica_id].server.__ray_ready__.remote(), self._probe_timeout_s)
-            return True
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as e:
-            logger.warning("replica %d does not answer a probe: %r", replica_id, e)
-            return False
-
-    def _complete_groups(self) -> set[str]:
-        """Groups whose every response has been generated (still open while rewarded and stored)."""
-        return {g for g, done in self._group_finished.items() if done >= self._group_n.get(g, done + 1)}
+        state = self._host.state()
+        a = state.pins[group_id]
+        return "moved" if a.version == version and state.replica(a.replica_id).alive else "lost"
 
     def open_groups_on(self, replica_id: int) -> int:
         """Groups on the replica that a death now would move or lose (fault injection waits for one)."""
-        return len(set(self._state.replica(replica_id).open_groups) - self._complete_groups())
+        return len(set(self._host.state().replica(replica_id).open_groups) - self._groups.complete())
 
     def busy_replicas(self) -> list[int]:
         """Live replicas with requests in flight now (the hang watch judges only these)."""
-        return sorted(r.replica_id for r in self._state.replicas if r.alive and self._inflight.get(r.replica_id, 0))
+        return sorted(r.replica_id for r in self._host.state().replicas
+                      if r.alive and self._replicas.inflight.get(r.replica_id, 0))
 
     def movable_groups_on(self, replica_id: int) -> int:
         """Of ``open_groups_on``, the groups a death now would move rather than lose: another live replica that is
         not refreshing serves their version (fault injection waits for one to test the continuation)."""
-        served = {r.version for r in self._state.replicas
+        state = self._host.state()
+        served = {r.version for r in state.replicas
                   if r.alive and r.refreshing_to is None and r.replica_id != replica_id}
-        open_ = set(self._state.replica(replica_id).open_groups) - self._complete_groups()
-        return sum(1 for g in open_ if self._state.pins[g].version in served)
+        open_ = set(state.replica(replica_id).open_groups) - self._groups.complete()
+        return sum(1 for g in open_ if state.pins[g].version in served)
 
     def dead_replicas(self) -> list[int]:
-        return sorted(r.replica_id for r in self._state.replicas if not r.alive)
+        return sorted(r.replica_id for r in self._host.state().replicas if not r.alive)
 
-    def add_replica(self, replica: "ReplicaHandles", relay: Any = None, replaces: Optional[int] = None) -> None:
+    def add_replica(self, replica: ReplicaHandles, relay: Any = None, replaces: Optional[int] = None) -> None:
         """A replacement (of dead replica ``replaces``) joins: it holds no weights yet, so the next plan refreshes it
         to the newest version (from ``relay``, its node's relay) and only then gives it groups. Its id must be
         new (``fleet.replacement``)."""
-        from verl_laminar.rollout.router import UNLOADED
-
         rid = int(replica.replica_id)
-        if rid in self._replicas or replica.address in self._by_address:
-            raise RoutingError(f"replica {rid} at {replica.address} is already in the fleet; a replacement needs a "
-                               "new rank and server")
-        self._state = add_replica(self._state, rid, UNLOADED)
-        self._replicas[rid] = replica
-        self._by_address[replica.address] = rid
-        self._inflight[rid] = 0
-        self._requests[rid] = set()
-        if relay is not None:
-            self._relays[rid] = relay
+        self._replicas.join(replica, relay)
+        self._host.commit(add_replica(self._host.state(), rid, UNLOADED))
         self._awaiting.discard(replaces)
-        version = self._published
-        waiting = sorted(v for v in self._parked if v not in self._loading_parked.values())
+        version = self._host.published_version()
+        waiting = sorted(v for v in self.parked if v not in self._loading_parked.values())
         if waiting:  # the oldest parked version first: its groups have waited longest
             version = self._loading_parked[rid] = waiting[0]
             d = RefreshDecision(rid, UNLOADED, version)
-            self._state = apply_plan(self._state, DispatchPlan(refreshes=(d,)), self._cfg)
-            self._spawn(self._loader.run(d))
+            self._host.commit(apply_plan(self._host.state(), DispatchPlan(refreshes=(d,)), self._cfg))
+            self._host.load(d)
         logger.warning("replica %d joined the fleet (%s)%s; it loads version %s before it takes groups%s", rid,
                        replica.address, f" in place of replica {replaces}" if replaces is not None else "",
-                       version, f" (the {len(self._parked[version])} parked groups of that version)" if waiting
+                       version, f" (the {len(self.parked[version])} parked groups of that version)" if waiting
                        else "")
-        self._pump()
+        self._host.pump()
 
     def replacement_failed(self, dead: int, error: str) -> None:
         """The replacement of ``dead`` did not start: with no replica alive and none coming, the router stops."""
@@ -173,119 +166,137 @@ class ReplicaFailover:
         self._lose_unserved(f"the replacement of replica {dead} failed: {error}")
         self._stop_if_none_can_generate(f"the replacement of replica {dead} failed: {error}")
 
-    def _stop_if_none_can_generate(self, why: str) -> None:
-        if any(r.alive for r in self._state.replicas):
-            return
-        if self._awaiting:
-            logger.warning("no rollout replica is alive (%s); waiting for the replacements of %s", why,
-                           sorted(self._awaiting))
-            return
-        self._error = RuntimeError(f"every rollout replica is dead and none is being replaced ({why})")
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(self._error)
-        self._waiters.clear()
+    # ---- what the router's own paths ask ----
+    async def probe(self, replica_id: int) -> bool:
+        """A dead actor fails any call at once; a hung one does not answer within the timeout."""
+        import ray
 
-    def _fail(self, replica_id: int, error: str) -> None:
+        try:
+            await asyncio.wait_for(self._replicas.handles[replica_id].server.__ray_ready__.remote(),
+                                   self.probe_timeout_s)
+            return True
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as e:
+            logger.warning("replica %d does not answer a probe: %r", replica_id, e)
+            return False
+
+    def loads_parked(self, replica_id: int) -> bool:
+        """It loads parked groups' version: a refresh must load exactly that one, never a newer one."""
+        return replica_id in self._loading_parked
+
+    async def parked_outcome(self, group_id: str) -> None:
+        """Wait while the group is parked (until a replica adopts it, or it is lost)."""
+        fut = self.park_futs.get(group_id)
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    def group_finished(self, group_id: str) -> None:
+        """The group is over (its requests all finished or gave up): nothing waits for it any more."""
+        self.lost.discard(group_id)
+        for v in list(self.parked):
+            self.parked[v].discard(group_id)
+            if not self.parked[v]:  # nothing left to wait for that version (no replacement loads it for nothing)
+                del self.parked[v]
+        fut = self.park_futs.pop(group_id, None)
+        if fut is not None:
+            fut.set_result(None)
+
+    def closing(self) -> None:
+        self._lose_unserved("the run is ending", every=True)
+
+    def fail(self, replica_id: int, error: str) -> None:
         """Mark the replica dead and move or lose its open groups (``policy.replica_loss``); idempotent."""
-        if not self._state.replica(replica_id).alive:
+        if not self._host.state().replica(replica_id).alive:
             return
-        complete = self._complete_groups()
-        self._state, loss = fail_replica(self._state, replica_id, self._group_n, self._assigned_s,
-                                         self._inflight, self._clock(), complete=complete,
-                                         park=self._replacements_left > 0 and not self._closed)
-        self._lost.update(loss.lost)
+        state, loss = fail_replica(self._host.state(), replica_id, self._groups.n, self._groups.assigned_s,
+                                   self._replicas.inflight, self._clock(), complete=self._groups.complete(),
+                                   park=self.replacements_left > 0 and not self._host.closed())
+        self._host.commit(state)
+        self.lost.update(loss.lost)
         self._loading_parked.pop(replica_id, None)  # a replacement that died loading a parked version
-        self._inflight[replica_id] = 0
-        self._requests[replica_id].clear()
-        self._events["failures"].append({"replica_id": replica_id, "t": self._clock(), "error": error,
-                                         "moved": [list(m) for m in loss.moved],
-                                         # validation groups are not in the trainer's ledger: listed apart
-                                         "lost": [(g, self._group_n.get(g, 0)) for g in loss.lost
-                                                  if g not in self._validate],
-                                         "lost_validation": [g for g in loss.lost if g in self._validate],
-                                         "complete": list(loss.complete), "parked": list(loss.parked)})
+        self._replicas.forget_requests(replica_id)
+        self._host.record("failures", {"replica_id": replica_id, "t": self._clock(), "error": error,
+                                       "moved": [list(m) for m in loss.moved],
+                                       # validation groups are not in the trainer's ledger: listed apart
+                                       "lost": self._groups.sized(loss.lost),
+                                       "lost_validation": self._groups.validation(loss.lost),
+                                       "complete": list(loss.complete), "parked": list(loss.parked)})
         logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s, "
                      "%d parked for its replacement %s, %d already fully generated %s", replica_id, error,
                      len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost), len(loss.parked),
                      list(loss.parked), len(loss.complete), list(loss.complete))
-        if self._replacements_left > 0:  # laminar.replace: a new replica will take this one's place
-            self._replacements_left -= 1
+        if self.replacements_left > 0:  # laminar.replace: a new replica will take this one's place
+            self.replacements_left -= 1
             self._awaiting.add(replica_id)
         if loss.parked:
             self._park(loss.parked_version, loss.parked)
         self._lose_unserved(f"replica {replica_id} died while loading a parked version")
         self._stop_if_none_can_generate(f"the last: {replica_id}, {error}")
-        self._pump()
+        self._host.pump()
+
+    def _stop_if_none_can_generate(self, why: str) -> None:
+        if any(r.alive for r in self._host.state().replicas):
+            return
+        if self._awaiting:
+            logger.warning("no rollout replica is alive (%s); waiting for the replacements of %s", why,
+                           sorted(self._awaiting))
+            return
+        self._host.stop(RuntimeError(f"every rollout replica is dead and none is being replaced ({why})"))
 
     # ---- parked groups: a dead replica's groups waiting for a replacement on their version ----
     def _park(self, version: int, groups: tuple) -> None:
         loop = asyncio.get_running_loop()
-        self._parked.setdefault(int(version), set()).update(groups)
+        self.parked.setdefault(int(version), set()).update(groups)
         for g in groups:
-            self._park_futs.setdefault(g, loop.create_future())
-        self._sync_holds()  # usually held already (its replica had open groups); else held now, or the groups lost
+            self.park_futs.setdefault(g, loop.create_future())
+        self.sync_holds()  # usually held already (its replica had open groups); else held now, or the groups lost
 
     def _want_held(self) -> set[int]:
-        return versions_to_hold(self._state, self._published, self._parked)  # policy.holds
+        return versions_to_hold(self._host.state(), self._host.published_version(), self.parked)  # policy.holds
 
-    def _sync_holds(self) -> None:
-        if not self._relays or self._closed:
+    def sync_holds(self) -> None:
+        """The relays keep what a death would need (``rollout.holds``): asked before every dispatch plan."""
+        if not self._replicas.relays or self._host.closed():
             return
-        if self._holds.stale(self._want_held(), set(self._parked)):
-            self._spawn(self._holds.reconcile(self._want_held, lambda: set(self._parked), self._lose_parked))
+        if self.holds.stale(self._want_held(), set(self.parked)):
+            self._host.spawn(self.holds.reconcile(self._want_held, lambda: set(self.parked), self._lose_parked))
 
-    async def _parked_outcome(self, group_id: str) -> None:
-        """Wait while the group is parked (until a replica adopts it, or it is lost)."""
-        fut = self._park_futs.get(group_id)
-        if fut is not None:
-            await asyncio.shield(fut)
-
-    def _adopt_parked(self, replica_id: int, version: int) -> None:
+    def adopt_parked(self, replica_id: int, version: int) -> None:
         """``replica_id`` now serves ``version``: it takes the groups parked on that version. A replacement that
         loaded it for them takes nothing else before they finish, then refreshes to the newest."""
         targeted = self._loading_parked.pop(replica_id, None) == version
-        groups = sorted(self._parked.pop(version, ()))
+        groups = sorted(self.parked.pop(version, ()))
         if not groups:
             return
+        state = self._host.state()
         for g in groups:
-            self._state = move_group(self._state, g, replica_id)
-            self._park_futs.pop(g).set_result(None)
+            state = move_group(state, g, replica_id)
         if targeted:
-            self._state = close_batch(self._state, replica_id, self._cfg)
-        self._events["adopted"].append({"replica_id": replica_id, "version": version, "groups": groups,
-                                        "t": self._clock()})
+            state = close_batch(state, replica_id, self._cfg)
+        self._host.commit(state)
+        for g in groups:
+            self.park_futs.pop(g).set_result(None)
+        self._host.record("adopted", {"replica_id": replica_id, "version": version, "groups": groups,
+                                      "t": self._clock()})
         logger.warning("replica %d serves version %d: it adopts the %d groups parked on it %s", replica_id, version,
                        len(groups), groups)
 
     def _lose_parked(self, version: int, why: str) -> None:
-        groups = sorted(self._parked.pop(version, ()))
+        groups = sorted(self.parked.pop(version, ()))
         if not groups:
             return
-        self._lost.update(groups)
+        self.lost.update(groups)
         for g in groups:
-            self._park_futs.pop(g).set_result(None)
+            self.park_futs.pop(g).set_result(None)
         # a follow-up of the death that parked them (not a second death)
-        self._events["failures"].append({"replica_id": None, "t": self._clock(), "error": why, "moved": [],
-                                         "lost": [(g, self._group_n.get(g, 0)) for g in groups
-                                                  if g not in self._validate],
-                                         "lost_validation": [g for g in groups if g in self._validate],
-                                         "complete": [], "parked": [], "followup": True})
+        self._host.record("failures", {"replica_id": None, "t": self._clock(), "error": why, "moved": [],
+                                       "lost": self._groups.sized(groups),
+                                       "lost_validation": self._groups.validation(groups),
+                                       "complete": [], "parked": [], "followup": True})
         logger.error("the %d groups parked on version %d are lost: %s", len(groups), version, why)
 
     def _lose_unserved(self, why: str, every: bool = False) -> None:
         """Parked versions beyond what the replacements on their way (or loading) can serve are lost, oldest first;
         ``every``: all of them (the run ends)."""
-        waiting = sorted(v for v in self._parked if every or v not in self._loading_parked.values())
+        waiting = sorted(v for v in self.parked if every or v not in self._loading_parked.values())
         for v in waiting[:len(waiting) if every else max(0, len(waiting) - len(self._awaiting))]:
             self._lose_parked(v, why)
-
-    def _unpark(self, group_id: str) -> None:
-        """The group finished while parked (every request of it gave up)."""
-        for v in list(self._parked):
-            self._parked[v].discard(group_id)
-            if not self._parked[v]:  # nothing left to wait for that version (no replacement loads it for nothing)
-                del self._parked[v]
-        fut = self._park_futs.pop(group_id, None)
-        if fut is not None:
-            fut.set_result(None)

@@ -96,7 +96,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             self._fleet_beat = outlive.Heartbeat(outlive.open_manifest(), self.laminar.heartbeat.interval_s)
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
-        from verl_laminar.rollout.router import RefreshSettings, spawn_router
+        from verl_laminar.rollout.router_actor import RefreshSettings, spawn_router
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
                                                 replicas=self.standalone_server_manager.get_replicas())
