@@ -67,6 +67,7 @@ def test_the_preflight_row_fails_a_detached_fleet_without_a_fixed_namespace():
     from omegaconf import OmegaConf
 
     from verl_laminar.config.schema import LaminarConfig
+    from verl_laminar.policy.attach import NAMESPACE_FIX
     from verl_laminar.preflight.fleet import check_fleet
     from verl_laminar.preflight.report import FAIL, OK, Report
 
@@ -79,4 +80,28 @@ def test_the_preflight_row_fails_a_detached_fleet_without_a_fixed_namespace():
         check_fleet(report, cfg, lam)
         rows[name] = (report.rows[0].status, report.rows[0].detail)
     assert rows["off"][0] == OK and rows["namespace"][0] == OK
-    assert rows["no namespace"] == (FAIL, "set +ray_kwargs.ray_init.namespace=laminar_<experiment>")
+    assert rows["no namespace"] == (FAIL, NAMESPACE_FIX) and "+ray_kwargs.ray_init.namespace=" in NAMESPACE_FIX
+
+
+def test_the_sweep_counts_only_the_recorded_replicas_that_still_answer():
+    import asyncio
+
+    from ray.exceptions import ActorDiedError
+
+    from laminar_testing import ActorShell
+    from verl_laminar.fleet.outlive import _alive
+
+    class Server:
+        def __init__(self, dead: bool) -> None:
+            self.dead = dead
+
+        async def __ray_ready__(self) -> bool:
+            if self.dead:
+                raise ActorDiedError()
+            return True
+
+    recorded = [{"servers": [ActorShell(Server(False))]},  # alive
+                {"servers": [ActorShell(Server(True))]},  # died and was replaced: still in the record
+                {"servers": [ActorShell(Server(False)), ActorShell(Server(True))]},  # one server of two gone
+                {"servers": []}]
+    assert asyncio.run(_alive(recorded)) == 1

@@ -53,6 +53,19 @@ def test_claim_group_keeps_the_adopted_entries_and_drops_the_rest(tmp_path):
     assert pool.get("g.0").tokens == [5, 6]
 
 
+def test_claim_group_finds_a_group_by_its_index_after_a_restart_and_the_index_empties_with_the_group(tmp_path):
+    pool = PartialPool(str(tmp_path / "log"))
+    _open(pool, "g.0", "g", 0)
+    _open(pool, "g.1", "g", 1)
+    _open(pool, "h.0", "h", 0)
+    pool.close("h.0")
+    again = PartialPool(str(tmp_path / "log"))  # the index is rebuilt from the log (the pool actor restarted)
+    assert again.claim_group("h", 1) is None and again.claim_group("g", 2)["keys"] == ["g.0", "g.1"]
+    for k in ("g.0", "g.1"):
+        again.close(k)
+    assert again._by_group == {} and len(again) == 0
+
+
 def test_tokens_since_counts_chunks_that_arrived_later(tmp_path, monkeypatch):
     import verl_laminar.pool.partial as partial
 

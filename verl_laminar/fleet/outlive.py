@@ -152,6 +152,21 @@ async def _unfinished(server: Any) -> int:
         return 0  # dead or hung: it finishes nothing more
 
 
+async def _answers(servers: list) -> bool:
+    import ray
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.__ray_ready__.remote() for s in servers)), 10.0)
+        return bool(servers)
+    except (ray.exceptions.RayActorError, asyncio.TimeoutError):
+        return False
+
+
+async def _alive(replicas: list) -> int:
+    """How many of the recorded replicas still answer (the record keeps dead ones that were replaced)."""
+    return sum(await asyncio.gather(*(_answers(r["servers"]) for r in replicas)))
+
+
 async def _drain(servers: list, timeout_s: float) -> tuple[int, float]:
     """Wait until no server holds a request (or the timeout); returns (requests left, seconds waited)."""
     t0 = time.monotonic()
@@ -191,6 +206,7 @@ def sweep(drain_timeout_s: float, pool: Any = None, ending: bool = False) -> dic
     found = ray.get(manifest.contents.remote())
     replicas = found["replicas"]
     servers = [s for r in replicas.values() for s in r["servers"]]
+    alive = asyncio.run(_alive(list(replicas.values()))) if replicas else 0
     left, waited = asyncio.run(_drain(servers, drain_timeout_s)) if servers and drain_timeout_s > 0 else (0, 0.0)
     beat = found["beat"]
     tokens = ray.get(pool.tokens_since.remote(beat)) if pool is not None and beat is not None and replicas else 0
@@ -204,12 +220,13 @@ def sweep(drain_timeout_s: float, pool: Any = None, ending: bool = False) -> dic
     ray.get(manifest.clear.remote())
     _wait_dead([a for r in replicas.values() for a in [*r["servers"], *r["workers"]]])
     if replicas and ending:
-        logger.info("laminar.fleet: ended the %d detached replicas at the run's end", len(replicas))
+        logger.info("laminar.fleet: ended the %d detached replicas at the run's end (%d recorded, the rest died "
+                    "before)", alive, len(replicas))
     elif replicas:
-        logger.warning("laminar.fleet: ended the %d detached replicas a previous trainer left (%d requests still "
-                       "running after %.1f s); %d tokens reached the pool after its last heartbeat", len(replicas),
-                       left, waited, tokens)
-    return {"replicas": len(replicas), "unfinished": left, "drained_s": waited, "beat": beat,
+        logger.warning("laminar.fleet: ended the %d live detached replicas a previous trainer left (of %d recorded; "
+                       "%d requests still running after %.1f s); %d tokens reached the pool after its last heartbeat",
+                       alive, len(replicas), left, waited, tokens)
+    return {"replicas": len(replicas), "alive": alive, "unfinished": left, "drained_s": waited, "beat": beat,
             "tokens_while_down": tokens}
 
 

@@ -41,6 +41,13 @@ class AttachDecision:
     republish: bool = True  # False: the fleet already holds the checkpoint's version (same bytes): no publication
 
 
+NAMESPACE_KEY = "ray_kwargs.ray_init.namespace"
+# one wording for the preflight row (before Ray starts) and the trainer's check (at set-up)
+NO_NAMESPACE = "the rollout fleet cannot be found again: the job runs in a random Ray namespace"
+NAMESPACE_FIX = (f"set +{NAMESPACE_KEY}=<a fixed name> "
+                 "(e.g. laminar_${trainer.project_name}_${trainer.experiment_name})")
+
+
 class FleetAttachError(ValueError):
     """The fleet cannot outlive the job as configured; the message says what to change."""
 
@@ -53,9 +60,7 @@ def require_outliving_cluster(cluster_outlives_job: bool, stable_namespace: bool
             "start one first (ray start --head) and connect to it (RAY_ADDRESS=auto, or "
             "+ray_kwargs.ray_init.address=auto), or set laminar.fleet.detached=false")
     if not stable_namespace:
-        raise FleetAttachError(
-            "the rollout fleet cannot be found again: this job runs in a random Ray namespace; set "
-            "+ray_kwargs.ray_init.namespace (e.g. laminar_${trainer.project_name}_${trainer.experiment_name})")
+        raise FleetAttachError(f"{NO_NAMESPACE}; {NAMESPACE_FIX}")
 
 
 def decide_attach(resume_mode: str, checkpoint_step: Optional[int], fleet: Optional[RunningFleet],

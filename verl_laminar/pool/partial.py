@@ -70,6 +70,7 @@ class ChunkPolicy:
 class PartialPool:
     def __init__(self, log_path: Optional[str] = None, compact_ratio: float = 4.0) -> None:
         self._entries: dict[str, PartialTrajectory] = {}
+        self._by_group: dict[str, set[str]] = {}  # group -> its open keys (claim_group runs once per group)
         self._closed: set[str] = set()
         self._records = 0
         self._compact_ratio = compact_ratio
@@ -174,7 +175,7 @@ class PartialPool:
         None, and every entry of the group is closed: the group is generated again under new keys."""
         from verl_laminar.policy.adopt import PoolPiece, adopt_group
 
-        mine = [t for t in self._entries.values() if t.group_id == group_id]
+        mine = [self._entries[k] for k in sorted(self._by_group.get(group_id, ()))]
         adoption = adopt_group((PoolPiece(t.key, t.version, t.state.get("session"), t.state.get("turn"),
                                           t.state.get("piece"), bool(t.state.get(FINISHED)), len(t.tokens))
                                 for t in mine), n)
@@ -195,6 +196,7 @@ class PartialPool:
             self._entries[key] = PartialTrajectory(key, rec["group_id"], rec["version"], rec["prompt_ids"],
                                                    rec["sampling_params"], state=rec.get("state") or {},
                                                    replica_id=rec.get("replica_id"))
+            self._by_group.setdefault(rec["group_id"], set()).add(key)
         else:
             t = self._entries.get(key)
             if t is None:
@@ -227,6 +229,10 @@ class PartialPool:
             elif op == "close":
                 del self._entries[key]
                 self._closed.add(key)
+                keys = self._by_group[t.group_id]
+                keys.discard(key)
+                if not keys:
+                    del self._by_group[t.group_id]
             else:
                 raise ValueError(f"unknown pool operation {op!r}")
         self._records += 1

@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_laminar.policy.attach import NAMESPACE_FIX, NAMESPACE_KEY, NO_NAMESPACE
 from verl_laminar.preflight.report import FAIL, OK, Report
 
-NAMESPACE_KEY = "ray_kwargs.ray_init.namespace"
 
 
 def check_fleet(report: Report, cfg: DictConfig, lam: Any) -> None:
@@ -23,8 +23,7 @@ def check_fleet(report: Report, cfg: DictConfig, lam: Any) -> None:
         return
     namespace = OmegaConf.select(cfg, NAMESPACE_KEY)
     if namespace is None:
-        report.add("fleet.detached", FAIL, "no fixed Ray namespace: a relaunch could not find the fleet",
-                   f"set +{NAMESPACE_KEY}=laminar_<experiment>")
+        report.add("fleet.detached", FAIL, NO_NAMESPACE, NAMESPACE_FIX)
         return
     address = os.environ.get("RAY_ADDRESS") or OmegaConf.select(cfg, "ray_kwargs.ray_init.address")
     where = f"cluster {address}" if address else "the last `ray start` on this host (checked at set-up)"
