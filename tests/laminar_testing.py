@@ -70,3 +70,68 @@ def client_config(vocab: int = 151936, response_length: int = 64, prompt_length:
         "rollout": {"name": "vllm", "full_determinism": False, "response_length": response_length,
                     "prompt_length": prompt_length},
         "model": {"path": str(model)}}})
+
+
+# ---- fakes of the fleet's Ray actors, shared by the router, client, failover and fleet tests ----
+class MortalServer:
+    """A verl vLLM server stand-in: answers one token labelled with its version after ``delay_s``; once ``die()``d,
+    every call (requests in progress included) raises as a dead actor's does. ``hiccup`` makes the next request
+    fail with an actor error while the server lives."""
+
+    def __init__(self, rid: int = 0, delay_s: float = 0.05, version: int = -1) -> None:
+        self.rid, self.version, self.delay_s = rid, version, delay_s
+        self.dead, self.hiccup, self.served = False, False, []
+        self.started = asyncio.Event()
+
+    def die(self) -> None:
+        self.dead = True
+
+    async def __ray_ready__(self) -> bool:
+        from ray.exceptions import ActorDiedError
+
+        if self.dead:
+            raise ActorDiedError()
+        return True
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        from types import SimpleNamespace
+
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        self.started.set()
+        if self.hiccup:
+            self.hiccup = False
+            raise RayActorError()
+        t = 0.0
+        while t < self.delay_s:
+            if self.dead:
+                raise ActorDiedError()
+            await asyncio.sleep(0.005)
+            t += 0.005
+        if self.dead:
+            raise ActorDiedError()
+        self.served.append(tuple(prompt_ids))
+        return SimpleNamespace(token_ids=[7], extra_fields={"global_steps": self.version})
+
+
+def router_over(servers, groups_per_batch: int, **kwargs):
+    """A ``LaminarRouter`` over in-process servers (a list, or a dict by replica id): replica i at address ``a{i}``.
+    A refresh (of these replicas or of one that joins later) sets the server's ``version``, as verl's worker labels
+    its server, and is recorded in the returned ``loads``; it fails as a dead actor's call once the server has
+    ``dead`` set. Returns (router, loads)."""
+    from ray.exceptions import ActorDiedError
+
+    from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+
+    by_id = dict(servers) if isinstance(servers, dict) else dict(enumerate(servers))
+    loads: list[tuple[int, int]] = []
+
+    async def refresher(replica, version):
+        server = getattr(replica.server, "_obj", replica.server)  # the object behind its ActorShell
+        if getattr(server, "dead", False):
+            raise ActorDiedError()
+        server.version = version
+        loads.append((replica.replica_id, version))
+
+    handles = [ReplicaHandles(i, f"a{i}", ActorShell(s)) for i, s in by_id.items()]
+    return LaminarRouter(handles, groups_per_batch, refresher=refresher, **kwargs), loads

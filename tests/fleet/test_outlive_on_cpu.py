@@ -86,22 +86,16 @@ def test_the_preflight_row_fails_a_detached_fleet_without_a_fixed_namespace():
 def test_the_sweep_counts_only_the_recorded_replicas_that_still_answer():
     import asyncio
 
-    from ray.exceptions import ActorDiedError
-
-    from laminar_testing import ActorShell
+    from laminar_testing import ActorShell, MortalServer
     from verl_laminar.fleet.outlive import _alive
 
-    class Server:
-        def __init__(self, dead: bool) -> None:
-            self.dead = dead
+    def server(dead: bool) -> ActorShell:
+        s = MortalServer()
+        s.dead = dead
+        return ActorShell(s)
 
-        async def __ray_ready__(self) -> bool:
-            if self.dead:
-                raise ActorDiedError()
-            return True
-
-    recorded = [{"servers": [ActorShell(Server(False))]},  # alive
-                {"servers": [ActorShell(Server(True))]},  # died and was replaced: still in the record
-                {"servers": [ActorShell(Server(False)), ActorShell(Server(True))]},  # one server of two gone
+    recorded = [{"servers": [server(False)]},  # alive
+                {"servers": [server(True)]},  # died and was replaced: still in the record
+                {"servers": [server(False), server(True)]},  # one server of two gone
                 {"servers": []}]
     assert asyncio.run(_alive(recorded)) == 1

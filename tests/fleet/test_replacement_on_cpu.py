@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from laminar_testing import ActorShell
+from laminar_testing import ActorShell, MortalServer, router_over
 from verl_laminar.fleet.replacement import ReplacementLoop, next_replica_id, plan_replacements
 from verl_laminar.policy.dispatch import RoutingError
-from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
+from verl_laminar.rollout.router import ReplicaHandles
 
 
 def test_plan_replaces_each_dead_replica_once_within_the_limit():
@@ -102,23 +102,9 @@ def test_a_failed_start_is_recorded_and_its_rank_never_reused_and_the_limit_hold
     assert len(fleet.failed) == 2
 
 
-class _Server:
-    def __init__(self) -> None:
-        self.version = -1
-
-    async def __ray_ready__(self) -> bool:
-        return True
-
-
 def test_a_replacement_joins_the_router_unloaded_loads_the_newest_version_and_takes_groups():
     async def main():
-        loads = []
-
-        async def refresher(replica, version):
-            loads.append((replica.replica_id, version))
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(_Server()))], 1, refresher=refresher,
-                               replacements=1)
+        router, loads = router_over([MortalServer(0)], 1, replacements=1)
         await router.start(0)
         await router.on_publish(1)  # replica 0 holds no group: it refreshes to 1
         for _ in range(100):
@@ -129,8 +115,8 @@ def test_a_replacement_joins_the_router_unloaded_loads_the_newest_version_and_ta
         assert router.dead_replicas() == [0]
         router._raise_if_failed()  # no replica alive, but one is coming: the router waits
         with pytest.raises(RoutingError, match="already in the fleet"):
-            router.add_replica(ReplicaHandles(0, "a9", ActorShell(_Server())))
-        router.add_replica(ReplicaHandles(1, "a1", ActorShell(_Server())), replaces=0)
+            router.add_replica(ReplicaHandles(0, "a9", ActorShell(MortalServer(0))))
+        router.add_replica(ReplicaHandles(1, "a1", ActorShell(MortalServer(1))), replaces=0)
         for _ in range(100):
             if router.versions().get(1) == 1:
                 break
@@ -146,11 +132,7 @@ def test_a_replacement_joins_the_router_unloaded_loads_the_newest_version_and_ta
 
 def test_with_every_replica_dead_the_router_waits_for_a_replacement_and_stops_when_none_comes():
     async def main(replacements: int):
-        async def refresher(replica, version):
-            pass
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(_Server()))], 1, refresher=refresher,
-                               replacements=replacements)
+        router, _ = router_over([MortalServer(0)], 1, replacements=replacements)
         await router.start(0)
         await router.assign_group("g0", 2)  # replica 0's batch is full (one group per batch)
         waiting = asyncio.ensure_future(router.assign_group("g", 2))

@@ -9,13 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from laminar_testing import ActorShell, client_config
+from laminar_testing import ActorShell, client_config, router_over
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.dispatch import RoutingError
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.pool.partial import PartialPool
 from verl_laminar.rollout.client import ADOPTED, GROUP_PIN, SESSION, LaminarLLMServerClient
-from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
 from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, where_of
 
 
@@ -30,11 +29,7 @@ class TagServer:
 
 async def _fleet(version: int = 1):
     server = TagServer(version)
-
-    async def refresher(replica, v):
-        server.version = v
-
-    router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 2, refresher=refresher)
+    router, _ = router_over([server], 2)
     await router.start(version)
     pool = PartialPool()
     client = LaminarLLMServerClient(client_config(), load_balancer_handle=ActorShell(router),

@@ -8,9 +8,8 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from omegaconf import OmegaConf
 
-from laminar_testing import client_config, ActorShell
+from laminar_testing import ActorShell, client_config, router_over
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
 from verl_laminar.policy.replica_loss import ReplicaLost
@@ -35,12 +34,7 @@ def _config(tmp_path, vocab: int = 151936):
 def test_multi_turn_groups_stay_on_their_pinned_replica(tmp_path):
     async def main():
         servers = {i: FakeServer(i, 0) for i in range(2)}
-
-        async def refresher(replica, version):
-            servers[replica.replica_id].version = version
-
-        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                               refresher=refresher)
+        router, _ = router_over(servers, 1)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
 
@@ -145,12 +139,8 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, const
             peaks[address] = max(peaks.get(address, 0), kv)
             return VllmReading(kv / 10_000, len(s.live), 0, 10_000)
 
-        async def refresher(replica, version):
-            servers[replica.replica_id].version = version
-
-        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                               refresher=refresher, repack=RepackSettings(RepackConfig(max_batch=4), interval_s=3600),
-                               reader=reader)
+        router, _ = router_over(servers, 1, repack=RepackSettings(RepackConfig(max_batch=4), interval_s=3600),
+                                reader=reader)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
         lengths = {"ga": (40, 400), "gb": (60, 300)}  # one short and one long response per group
@@ -208,12 +198,7 @@ def test_garbage_token_ids_fail_the_request_by_name(tmp_path):
             return SimpleNamespace(token_ids=[3, 9], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 0})
 
     async def main():
-        server = GarbageServer(0, 0)
-
-        async def refresher(replica, version):
-            pass
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 1, refresher=refresher)
+        router, _ = router_over([GarbageServer(0, 0)], 1)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path, vocab=8), load_balancer_handle=ActorShell(router))
         GROUP_PIN.set(await router.assign_group("g", 1))
@@ -235,12 +220,7 @@ def test_a_replica_answering_garbage_is_fenced_and_the_request_reruns_on_a_live_
 
     async def main():
         bad, good = GarbageServer(0, 0), FakeServer(1, 0)
-
-        async def refresher(replica, version):
-            pass
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(bad)), ReplicaHandles(1, "a1", ActorShell(good))],
-                               1, refresher=refresher)
+        router, _ = router_over([bad, good], 1)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path, vocab=8), load_balancer_handle=ActorShell(router))
         pin = await router.assign_group("g", 1)
@@ -265,10 +245,7 @@ def test_more_tokens_than_max_tokens_fail_the_request(tmp_path):
             return SimpleNamespace(token_ids=[1, 2, 3, 4], log_probs=None, extra_fields={"global_steps": 0})
 
     async def main():
-        async def refresher(replica, version):
-            pass
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(VerboseServer(0, 0)))], 1, refresher=refresher)
+        router, _ = router_over([VerboseServer(0, 0)], 1)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))
         GROUP_PIN.set(await router.assign_group("g", 1))
@@ -294,11 +271,7 @@ def test_an_unreadable_model_config_is_an_error_not_a_skipped_check(tmp_path):
 
 def test_requests_of_a_fenced_replica_that_then_fail_start_over_instead_of_continuing_from_the_pool():
     async def main():
-        async def refresher(replica, version):
-            pass
-
-        router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(FakeServer(i, 0))) for i in range(2)], 2,
-                               refresher=refresher)
+        router, _ = router_over([FakeServer(i, 0) for i in range(2)], 2)
         await router.start(0)
         for g in ("ga", "gb", "gc", "gd"):
             await router.assign_group(g, 1)
@@ -324,11 +297,7 @@ def test_full_determinism_ids_are_unique_and_repeat_across_runs(tmp_path):
 
     async def run() -> list:
         server = IdServer(0, 0)
-
-        async def refresher(replica, version):
-            server.version = version
-
-        router = LaminarRouter([ReplicaHandles(0, "a0", ActorShell(server))], 2, refresher=refresher)
+        router, _ = router_over([server], 2)
         await router.start(0)
         config = _config(tmp_path)
         config.actor_rollout_ref.rollout.full_determinism = True

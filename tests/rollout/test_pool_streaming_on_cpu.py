@@ -11,12 +11,11 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import ActorDiedError
 
-from laminar_testing import ActorShell, client_config
+from laminar_testing import ActorShell, client_config, router_over
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.pool.partial import FINISHED, ChunkPolicy, PartialPool
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.pool_client import RECOVERED
-from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
 from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, StreamingEngine, pool_tag
 
 
@@ -160,14 +159,7 @@ async def _two_replicas(pool, response_length: int, with_pool: bool = True):
     """Two streaming replicas on version 0 behind a router, a pinned client, and two groups ("g", "h"), one on
     each replica, so that either replica's death moves its group to the other."""
     servers = {i: StreamingMortalServer(i, pool) for i in range(2)}
-
-    async def refresher(replica, version):
-        if servers[replica.replica_id].dead:
-            raise ActorDiedError()
-        servers[replica.replica_id].version = version
-
-    router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(2)], 1,
-                           refresher=refresher)
+    router, _ = router_over(servers, 1)
     router._failover.probe_timeout_s = 1.0
     await router.start(0)
     client = LaminarLLMServerClient(client_config(response_length=response_length),

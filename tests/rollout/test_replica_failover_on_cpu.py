@@ -5,50 +5,14 @@ there, or, with no such replica, its requests raise ReplicaLost. Fake servers fa
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
-from omegaconf import OmegaConf
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import RayActorError
 
-from laminar_testing import client_config, ActorShell
+from laminar_testing import ActorShell, MortalServer, client_config, router_over
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
-from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
-
-
-class MortalServer:
-    """Answers after ``delay_s``; once ``die()``d, every call (requests in progress included) raises as a
-    dead actor's does. ``hiccup`` makes the next request fail with an actor error while the server lives."""
-
-    def __init__(self, rid: int, delay_s: float = 0.05) -> None:
-        self.rid, self.version, self.delay_s = rid, -1, delay_s
-        self.dead, self.hiccup, self.served = False, False, []
-        self.started = asyncio.Event()
-
-    def die(self) -> None:
-        self.dead = True
-
-    async def __ray_ready__(self) -> bool:
-        if self.dead:
-            raise ActorDiedError()
-        return True
-
-    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
-        self.started.set()
-        if self.hiccup:
-            self.hiccup = False
-            raise RayActorError()
-        t = 0.0
-        while t < self.delay_s:
-            if self.dead:
-                raise ActorDiedError()
-            await asyncio.sleep(0.005)
-            t += 0.005
-        if self.dead:
-            raise ActorDiedError()
-        self.served.append(tuple(prompt_ids))
-        return SimpleNamespace(token_ids=[7], extra_fields={"global_steps": self.version})
+from verl_laminar.rollout.router import ReplicaHandles
 
 
 def _config():
@@ -57,16 +21,7 @@ def _config():
 
 async def _setup(n: int, gpb: int = 2):
     servers = {i: MortalServer(i) for i in range(n)}
-    loads = []
-
-    async def refresher(replica, version):
-        if servers[replica.replica_id].dead:
-            raise ActorDiedError()
-        servers[replica.replica_id].version = version
-        loads.append((replica.replica_id, version))
-
-    router = LaminarRouter([ReplicaHandles(i, f"a{i}", ActorShell(servers[i])) for i in range(n)], gpb,
-                           refresher=refresher)
+    router, loads = router_over(servers, gpb)
     router._failover.probe_timeout_s = 1.0
     await router.start(0)
     client = LaminarLLMServerClient(_config(), load_balancer_handle=ActorShell(router))
