@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,50 @@ def pytest_runtest_makereport(item, call):
     report.outcome = "failed"
     report.longrepr = (f"skipped under CI=true ({reason}); install what it needs in scripts/setup.sh, or add it "
                        "to CI_SKIP_ALLOWED in tests/conftest.py with the reason it cannot run on CI's machine")
+
+
+# Every process a test starts inherits this mark (Ray's workers and vLLM's engine processes too), so a leak check
+# ends only what this pytest run started, never another run's processes on the same host.
+RUN_MARK = "LAMINAR_TEST_RUN"
+os.environ[RUN_MARK] = str(os.getpid())
+LEAK_WAIT_S = 30.0  # vLLM's engine shuts down in seconds; the orphan guard ends an orphan within one poll (1 s)
+
+
+def _vllm_processes_of_this_run() -> dict[int, str]:
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["name"]):
+        try:
+            if not (p.info["name"] or "").startswith("VLLM::"):
+                continue
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if env.get(RUN_MARK) == os.environ[RUN_MARK]:
+            out[p.pid] = f"{p.info['name']} (started by {env.get('PYTEST_CURRENT_TEST', '?')})"
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_vllm_process_outlives_its_module():
+    """A vLLM engine or worker left running after a test module ends is a leak: it holds gigabytes, and one left by a
+    killed replica swallowed a later run's weight buckets (``platform.orphan_guard``). The module's teardown fails
+    naming them, and ends them (this run started them) so that later modules run on a clean host."""
+    yield
+    import psutil
+
+    deadline = time.monotonic() + LEAK_WAIT_S
+    left = _vllm_processes_of_this_run()
+    while left and time.monotonic() < deadline:
+        time.sleep(1.0)
+        left = _vllm_processes_of_this_run()
+    if not left:
+        return
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    pytest.fail(f"{len(left)} vLLM processes outlived their test module by {LEAK_WAIT_S:.0f} s (ended now): "
+                + "; ".join(f"{pid}: {what}" for pid, what in sorted(left.items())), pytrace=False)

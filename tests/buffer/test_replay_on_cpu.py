@@ -125,3 +125,29 @@ def test_resumed_checkpoint_finished_groups_enter_the_ledger_and_train_once():
     tq.prompt("c", "finished")
     with pytest.raises(InvariantViolation):
         restored_records(tq.kv_list()["train"], rollout_n=2, n_now=2, t=5.0)
+
+
+def test_a_wait_for_samples_raises_once_the_rollouts_stopped(fake_tq):
+    """The router stopped (a failed refresh): nothing more is generated, so the trainer's wait must end with that
+    cause instead of polling forever; the check is asked at most every HEALTH_EVERY_S, not on every poll."""
+    import verl_laminar.buffer.replay as replay
+
+    asked = []
+    stopped = []
+
+    def health():
+        asked.append(1)
+        if stopped:
+            raise RuntimeError("the rollout router stopped: LoadTimeout('replica 0 ...')")
+
+    buf = LaminarReplayBuffer(trainer_mode="laminar", trainer_config={}, max_off_policy_threshold=None,
+                              max_off_policy_strategy="drop", sampler_kwargs={}, poll_interval=0.01,
+                              refill_fn=[].append, rollout_n=2, health=health)
+    fake_tq.prompt("a", "running")
+    for _ in range(5):
+        buf._sync_metadata_from_transfer_queue()
+    assert len(asked) == 1  # throttled
+    stopped.append(1)
+    buf._health_at -= replay.HEALTH_EVERY_S
+    with pytest.raises(RuntimeError, match="router stopped"):
+        buf.sample(global_steps=1, partition_id="train", batch_size=2)  # no group will ever finish

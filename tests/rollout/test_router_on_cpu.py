@@ -191,9 +191,27 @@ def test_failed_refresh_fails_waiting_groups_loudly():
         await router.finish_group("g1")
         with pytest.raises(RuntimeError, match="refresh of replica 0 failed"):
             await waiting
-        with pytest.raises(RuntimeError, match="failed refresh"):
+        with pytest.raises(RuntimeError, match="router stopped"):
             await router.assign_group("g3", 1)
         assert tries == [0, 1]  # a failed load stops the run at once: no second transfer into that engine
+        assert "relay gone" in router.failure() and router._queue == []
+        # a stopped router plans nothing: a later publication starts no refresh and resolves no waiter
+        await router.on_publish(2)
+        await asyncio.sleep(0.05)
+        assert tries == [0, 1] and router._waiters == {}
+
+    asyncio.run(main())
+
+
+def test_a_running_router_reports_no_failure():
+    async def main():
+        async def load(replica, version):
+            replica.server.version = version
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", FakeServer())], groups_per_batch=1, refresher=load,
+                               refresh=FAST)
+        await router.start(0)
+        assert router.failure() is None
 
     asyncio.run(main())
 
@@ -294,7 +312,7 @@ def test_a_relay_that_never_progresses_times_out_after_the_retries(caplog):
         router, server = one_replica(relay=relay, refresh=RefreshSettings(min_wait_s=0.2, retries=2,
                                                                           retry_backoff_s=0.0))
         t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match="failed refresh") as err:
+        with pytest.raises(RuntimeError, match="router stopped") as err:
             await router.start(0)
         assert isinstance(err.value.__cause__, TimeoutError)
         cause = str(err.value.__cause__)
@@ -363,7 +381,7 @@ def test_a_load_past_its_deadline_stops_the_run_without_a_second_load(caplog):
             await asyncio.sleep(60)
 
         router, server = one_replica(refresher=hung, refresh=RefreshSettings(min_wait_s=0.2, retry_backoff_s=0.0))
-        with pytest.raises(RuntimeError, match="failed refresh") as err:
+        with pytest.raises(RuntimeError, match="router stopped") as err:
             await router.start(0)
         assert isinstance(err.value.__cause__, TimeoutError) and "did not finish loading" in str(err.value.__cause__)
         assert tries == [0]  # the first load may still run on the workers: no second one interleaves with it

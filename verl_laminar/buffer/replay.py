@@ -15,8 +15,9 @@ Validation sampling is verl's unchanged.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
@@ -25,6 +26,8 @@ from verl_laminar.buffer.experience import BufferTimeout, ExperienceBuffer, Traj
 from verl_laminar.policy.accounting import InvariantViolation, single_version
 
 logger = logging.getLogger(__name__)
+
+HEALTH_EVERY_S = 5.0  # how often a wait for samples asks whether the rollout side still runs
 
 
 def trajectories_of_group(uid: str, partition: dict[str, dict], rollout_n: Optional[int] = None) -> list[Trajectory]:
@@ -74,13 +77,24 @@ def restored_records(partition: dict[str, dict], rollout_n: Optional[int], n_now
 
 
 class LaminarReplayBuffer(ReplayBufferAsync):
-    def __init__(self, *args: Any, rollout_n: Optional[int] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, rollout_n: Optional[int] = None, health: Optional[Callable[[], None]] = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("poll_interval", POLL_S)
         super().__init__(*args, **kwargs)
         self.rollout_n = rollout_n
+        self._health, self._health_at = health, float("-inf")
         self.experience = ExperienceBuffer()
         self._fed: set[str] = set()
         self.checked_trajectories = 0
+
+    def _sync_metadata_from_transfer_queue(self) -> None:
+        # Every wait for samples (training, validation, verl's and ours) polls here. A rollout side that stopped
+        # (the router after a failed refresh) produces nothing more, so ``health`` raises its cause in the trainer
+        # rather than leaving the wait to hang.
+        if self._health is not None and time.monotonic() - self._health_at >= HEALTH_EVERY_S:
+            self._health_at = time.monotonic()
+            self._health()
+        super()._sync_metadata_from_transfer_queue()
 
     def _feed(self, partition_id: str) -> int:
         """Move newly terminal groups of one poll into the ExperienceBuffer; returns failed groups refilled."""

@@ -361,12 +361,17 @@ class LaminarRouter(VerlBalancerProtocol):
         self.spawn(self._loader.run(d))
 
     def stop(self, error: BaseException, told: Optional[BaseException] = None) -> None:
-        """The router stops: every waiting ``assign_group`` raises ``told`` (default ``error``), later calls too."""
+        """The router stops: every waiting ``assign_group`` raises ``told`` (default ``error``), later calls too;
+        it plans nothing more (``_pump``), and the trainer's next wait for samples raises ``failure()``."""
         self._error = error
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(told or error)
         self._waiters.clear()
+        self._queue = []  # their waiters were failed just now
+
+    def failure(self) -> Optional[str]:
+        return None if self._error is None else repr(self._error)
 
     def record(self, kind: str, event: Any) -> None:
         self._events[kind].append(event)
@@ -374,12 +379,12 @@ class LaminarRouter(VerlBalancerProtocol):
     # ---- planning ----
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"the router stopped after a failed refresh: {self._error!r}") from self._error
+            raise RuntimeError(f"the router stopped: {self._error!r}") from self._error
 
     def _pump(self) -> None:
         self._failover.sync_holds()  # the relays keep what a death would need (rollout.holds)
-        if self._published is None or self._closed:
-            return  # nothing published yet (replicas hold no weights), or shutting down
+        if self._published is None or self._closed or self._error is not None:
+            return  # nothing published yet (replicas hold no weights), shutting down, or stopped
         plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)

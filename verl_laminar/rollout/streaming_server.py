@@ -154,6 +154,11 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
 
     class LaminarVLLMHttpServer(vLLMHttpServer):
         async def run_server(self, args: Any) -> None:
+            from verl_laminar.platform.orphan_guard import watch
+
+            # vLLM's engine processes outlive this actor when Ray kills it (platform.orphan_guard says why that
+            # hangs the next run's weight sync on this host); the guard ends them after it
+            self._laminar_guard = watch()
             await super().run_server(args)
             cache: dict = {}
 

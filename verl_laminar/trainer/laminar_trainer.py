@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 apply_verl_bug_patches()  # our base, verl's separate_async, crashes at start-up without it (patches/README.md)
 # the per-step Laminar summary is part of the run's record, as verl's own INFO lines are
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
+HEALTH_TIMEOUT_S = 60.0  # a router busy on a loaded host answers late; only a stop it reports ends the run
+
+
+class RolloutsStopped(RuntimeError):
+    """The router stopped (its cause in the message): no more samples will come."""
 
 
 @register_trainer("laminar")
@@ -79,7 +84,20 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             max_off_policy_threshold=None, max_off_policy_strategy=sampler.max_off_policy_strategy,
             sampler_kwargs=sampler.sampler_kwargs, refill_fn=self._add_prompts_to_generate,
             filter_groups_metric=buffer.filter_groups_metric,
-            rollout_n=int(self.config.actor_rollout_ref.rollout.n))
+            rollout_n=int(self.config.actor_rollout_ref.rollout.n), health=self._rollouts_run)
+
+    def _rollouts_run(self) -> None:
+        """Raise why the router stopped (a failed refresh, no replica left): the run ends with that cause."""
+        router = getattr(self, "router", None)
+        if router is None:
+            return
+        try:
+            failure = ray.get(router.failure.remote(), timeout=HEALTH_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("laminar: the router did not answer a health check in %.0f s", HEALTH_TIMEOUT_S)
+            return
+        if failure is not None:
+            raise RolloutsStopped(f"the rollout router stopped, so no more samples come: {failure}")
 
     def _setup(self) -> None:
         from verl_laminar.trainer import pool as lpool
