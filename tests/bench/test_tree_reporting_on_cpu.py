@@ -30,3 +30,33 @@ def test_a_worker_that_succeeds_puts_nothing_of_its_own():
     p.start()
     p.join(timeout=60)
     assert p.exitcode == 0 and out.empty()
+
+
+def test_tree_watch_ends_what_a_finished_run_left_running():
+    """A run that exits and leaves a process behind (as a killed Ray job leaves vLLM engines): the watch recorded it
+    while the run lived and ends it after; the run's own PID is gone by then."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from verl_laminar.bench.tree import TreeWatch
+
+    run = subprocess.Popen([sys.executable, "-c",
+                            "import subprocess, sys, time; "
+                            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+                            "print(c.pid, flush=True); time.sleep(1.5)"], stdout=subprocess.PIPE, text=True)
+    watch = TreeWatch(run.pid, period_s=0.2)
+    left = int(run.stdout.readline())
+    try:
+        run.wait(30)
+        assert psutil.Process(left).is_running()  # the run ended, its child did not
+        watch.stop_and_reap("test")
+        time.sleep(0.5)
+        assert not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE
+    finally:
+        try:
+            psutil.Process(left).kill()  # the process this test started
+        except psutil.NoSuchProcess:
+            pass

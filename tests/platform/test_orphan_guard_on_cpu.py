@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from verl_laminar.platform.orphan_guard import to_end
+from verl_laminar.platform.procs import same_processes
 
 # A parent that starts its guard, then a child and a grandchild that would run for 10 minutes (as vLLM's engine
 # core and its worker do); it prints their PIDs and waits to be killed.
@@ -77,5 +77,5 @@ def test_a_live_parent_keeps_its_children_and_its_guard():
 def test_only_the_same_processes_are_ended():
     recorded = {11: 100.0, 12: 200.0, 13: 300.0}
     now = {11: 100.0, 12: 250.0}  # 12 is another process that reused the PID; 13 exited
-    assert to_end(recorded, now.get) == [11]
-    assert to_end({}, now.get) == []
+    assert same_processes(recorded, now.get) == [11]
+    assert same_processes({}, now.get) == []

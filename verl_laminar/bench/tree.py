@@ -17,6 +17,8 @@ import time
 import traceback
 from typing import Any
 
+from verl_laminar.platform.procs import descendants, same_processes
+
 logger = logging.getLogger("verl_laminar.bench.e2e")
 
 
@@ -32,14 +34,12 @@ class TreeWatch:
         self._thread.start()
 
     def _loop(self) -> None:
-        import psutil
-
         while not self._stop.wait(self._period_s):
-            try:
-                for p in psutil.Process(self._pid).children(recursive=True):
-                    self._seen.setdefault(p.pid, p.create_time())
-            except psutil.NoSuchProcess:
+            now = descendants(self._pid)
+            if now is None:
                 return
+            for pid, created in now.items():
+                self._seen.setdefault(pid, created)
 
     def stop_and_reap(self, mode: str) -> None:
         import psutil
@@ -47,11 +47,9 @@ class TreeWatch:
         self._stop.set()
         self._thread.join()
         alive = []
-        for pid, created in self._seen.items():
+        for pid in same_processes(self._seen):  # the same processes, not reused PIDs
             try:
-                p = psutil.Process(pid)
-                if p.create_time() == created:  # the same process, not a reused PID
-                    alive.append(p)
+                alive.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
         if not alive:

@@ -22,64 +22,29 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Mapping, Optional
+from typing import Optional
+
+from verl_laminar.platform.procs import descendants, same_processes
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0
 
 
-def to_end(recorded: Mapping[int, float], started_at: Callable[[int], Optional[float]]) -> list[int]:
-    """The recorded descendants that still run as the same process (``started_at``: its start time, or None)."""
-    return sorted(pid for pid, t in recorded.items() if started_at(pid) == t)
-
-
-def _started_at(pid: int) -> Optional[float]:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return None
-
-
-def _descendants(parent: "object", me: int) -> Optional[dict[int, float]]:
-    """``parent``'s descendants but this guard, or None once ``parent`` is gone (or a zombie)."""
-    import psutil
-
-    try:
-        if parent.status() == psutil.STATUS_ZOMBIE:
-            return None
-        out = {}
-        for p in parent.children(recursive=True):
-            if p.pid != me:
-                try:
-                    out[p.pid] = p.create_time()
-                except psutil.NoSuchProcess:
-                    pass
-        return out
-    except psutil.NoSuchProcess:
-        return None
-
-
 def guard(parent_pid: int, poll_s: float = POLL_S) -> list[int]:
     """Watch ``parent_pid`` until it is gone; then end what it left running. Returns the PIDs ended."""
-    import psutil
-
     me = os.getpid()
-    try:
-        parent = psutil.Process(parent_pid)
-    except psutil.NoSuchProcess:
-        return []
+    child = os.getppid() == parent_pid  # started by ``watch``: the parent's death re-parents this guard
     recorded: dict[int, float] = {}
     while True:
-        now = _descendants(parent, me)
+        # the re-parenting check also holds if the parent's PID is reused within a poll
+        now = None if child and os.getppid() != parent_pid else descendants(parent_pid, skip=(me,))
         if now is None:
             break
         recorded = now
         time.sleep(poll_s)
     ended = []
-    for pid in to_end(recorded, _started_at):
+    for pid in same_processes(recorded):
         try:
             os.kill(pid, signal.SIGKILL)
             ended.append(pid)

@@ -1,11 +1,51 @@
 """Ending the processes a component started, by PID: vLLM's engine and worker processes outlive their Ray actor
 when the actor is killed, so whoever started a replica reaps its process tree.
 
-Used by the failover runtime, the repack benchmark and its tests; not a benchmark helper, so the runtime does not
-import a benchmark for it.
+A process is identified by its PID **and** start time (``started_at``, ``descendants``, ``same_processes``), so a
+PID reused by another process is never signalled. Used by the orphan guard, the hang watch's killer, the benchmarks'
+process-tree watch and the repack benchmark; not a benchmark helper, so the runtime does not import a benchmark.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Optional
+
+
+def started_at(pid: int) -> Optional[float]:
+    """The process's start time (with its PID, what identifies it), or None once it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def descendants(pid: int, skip: Iterable[int] = ()) -> Optional[dict[int, float]]:
+    """``pid``'s descendants (PID -> start time) but ``skip``, or None once ``pid`` is gone or a zombie."""
+    import psutil
+
+    skipped = set(skip)
+    try:
+        parent = psutil.Process(pid)
+        if parent.status() == psutil.STATUS_ZOMBIE:
+            return None
+        out = {}
+        for p in parent.children(recursive=True):
+            if p.pid not in skipped:
+                try:
+                    out[p.pid] = p.create_time()
+                except psutil.NoSuchProcess:
+                    pass
+        return out
+    except psutil.NoSuchProcess:
+        return None
+
+
+def same_processes(recorded: Mapping[int, float],
+                   started: Callable[[int], Optional[float]] = started_at) -> list[int]:
+    """The recorded processes that still run as themselves (the same start time: never one that reused a PID)."""
+    return sorted(pid for pid, t in recorded.items() if started(pid) == t)
 
 
 def reap(pids: list[int], grace_s: float = 5.0) -> list[int]:

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from verl_laminar.platform.procs import started_at
 from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas, unanswered_replicas
 
 logger = logging.getLogger(__name__)
@@ -126,16 +127,6 @@ def _ray_ready(refs: list) -> set:
     return set(ready)
 
 
-def _started(pid: int) -> Optional[float]:
-    """The process's start time (with its PID, what identifies it), or None when it is gone."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
-
-
 class ReplicaKiller:
     """Ends a replica's processes: the process tree on this node by PID, then ``ray.kill`` of its actors (which
     also covers other nodes). The roots are found when a replica is tracked, because a hung server cannot answer
@@ -157,7 +148,7 @@ class ReplicaKiller:
         from verl_laminar.trainer import runtime
 
         self._by_id[replica.replica_id] = replica
-        self._roots[replica.replica_id] = [(pid, _started(pid)) for pid in runtime.local_roots(replica)]
+        self._roots[replica.replica_id] = [(pid, started_at(pid)) for pid in runtime.local_roots(replica)]
 
     def kill(self, rid: int, why: str) -> None:
         import ray
@@ -166,7 +157,7 @@ class ReplicaKiller:
 
         replica = self._by_id[rid]
         # a root that died long ago may have left its PID to another process: only the same process is signalled
-        roots = [pid for pid, started in self._roots[rid] if started is not None and _started(pid) == started]
+        roots = [pid for pid, started in self._roots[rid] if started is not None and started_at(pid) == started]
         if roots:
             runtime.kill_replica(replica, runtime.process_tree(roots), why=why)
         for actor in (replica.server, *replica.workers):
