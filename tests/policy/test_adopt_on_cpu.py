@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_laminar.policy.adopt import Adoption, PoolPiece, adopt_group
+from verl_laminar.policy.adopt import Adoption, PoolPiece, adopt_group, adoptable_when_done
 from verl_laminar.pool.partial import PartialPool
 
 
@@ -31,6 +31,18 @@ WHOLE = [_p("a", 0), _p("b", 1, tokens=7)]
 ])
 def test_adopt_group(pieces, n, expected):
     assert adopt_group(pieces, n) == expected
+
+
+@pytest.mark.parametrize("pieces, n, expected", [
+    ([_p("a", 0, finished=False), _p("b", 1, finished=False)], 2, True),  # both still running, each in one piece
+    ([_p("a", 0), _p("b", 1, finished=False)], 2, True),  # one finished, one running
+    ([_p("a", 0, finished=False)], 2, False),  # session 1's response already left the pool (or never came)
+    ([_p("a", 0, finished=False), _p("b", 1, finished=False, tokens=0)], 2, False),  # nothing streamed yet
+    ([_p("a", 0, finished=False), _p("b", 1, finished=False), _p("c", 1, piece=1, finished=False)], 2, False),
+    ([_p("a", 0, finished=False), _p("b", 1, finished=False, version=2)], 2, False),
+])
+def test_adoptable_when_done(pieces, n, expected):
+    assert adoptable_when_done(pieces, n) is expected
 
 
 def _open(pool, key, group, session, version=3, turn=0, piece=0, tokens=(5, 6), finish=True):
@@ -79,3 +91,15 @@ def test_tokens_since_counts_chunks_that_arrived_later(tmp_path, monkeypatch):
     assert (pool.tokens_since(50.0), pool.tokens_since(150.0), pool.tokens_since(250.0)) == (5, 3, 0)
     again = PartialPool(str(tmp_path / "log"))  # the times are in the log: a restarted pool still knows them
     assert again.tokens_since(150.0) == 3
+
+
+def test_adoptable_groups_counts_the_groups_a_crash_now_would_leave_whole(tmp_path):
+    pool = PartialPool(str(tmp_path / "log"))
+    _open(pool, "g.0", "g", 0, finish=False)
+    _open(pool, "g.1", "g", 1, finish=False)
+    _open(pool, "h.1", "h", 1, finish=False)  # h's session 0 reached the buffer before: only its tail runs
+    assert pool.adoptable_groups(2) == 1
+    _open(pool, "h.0", "h", 0, finish=False)  # (a rerun of h: both sessions stream again)
+    assert pool.adoptable_groups(2) == 2 and pool.adoptable_groups(3) == 0
+    pool.close("g.0")
+    assert pool.adoptable_groups(2) == 1

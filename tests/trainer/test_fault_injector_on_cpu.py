@@ -44,10 +44,14 @@ class _Router:
 
 class _Pool:
     def __init__(self) -> None:
-        self.streamed, self.silent = {}, {}
+        self.streamed, self.silent, self.adoptable, self.asked_n = {}, {}, 0, []
 
     def streamed_on(self, rid, min_tokens):
         return self.streamed.get(rid, 0)
+
+    def adoptable_groups(self, n):
+        self.asked_n.append(n)
+        return self.adoptable
 
     def silence(self, rids):
         return {r: self.silent.get(r, 0.1) for r in rids}
@@ -79,7 +83,7 @@ def fakes(monkeypatch):
 
 def _injector(f, schedule: str, pool=True) -> tf.FaultInjector:
     lam = LaminarConfig(fault_injection=FaultInjectionConfig(schedule=schedule))
-    return tf.FaultInjector(lam, _Handle(f.router), _Handle(f.pool) if pool else None, lambda: f.replicas)
+    return tf.FaultInjector(lam, _Handle(f.router), _Handle(f.pool) if pool else None, lambda: f.replicas, 4)
 
 
 def test_a_replica_fault_waits_for_work_and_strikes_the_replica_that_has_it(fakes):
@@ -138,10 +142,15 @@ def test_pool_and_trainer_kills_signal_their_processes(fakes):
     time.sleep(0.3)
     assert len(fakes.signalled) == 1  # the trainer's kill waits for a replica that generates
     fakes.router.inflight, fakes.pool.streamed[1] = 2, 1  # requests in flight, tokens of one in the pool
+    time.sleep(0.3)
+    # only the tails of groups whose other responses are gone: a restarted trainer could adopt nothing yet
+    assert len(fakes.signalled) == 1
+    fakes.pool.adoptable = 1  # a whole group of 4 streams
     deadline = time.monotonic() + 5
     while len(fakes.signalled) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fakes.signalled[1][1] == signal.SIGKILL and fakes.signalled[1][0] == tf.os.getpid()  # then the trainer
+    assert set(fakes.pool.asked_n) == {4}  # whole means the run's group size
 
 
 def test_a_trainer_kill_strikes_before_the_next_publication_even_with_idle_rollouts(fakes):

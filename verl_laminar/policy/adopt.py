@@ -17,7 +17,7 @@ the tool outputs between turns are not in the pool, so it is generated again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
 
@@ -67,3 +67,10 @@ def adopt_group(pieces: Iterable[PoolPiece], n: int) -> Optional[Adoption]:
         else:
             return Adoption(version, tuple(p.key for p in chosen), sum(p.tokens for p in chosen))
     return None
+
+
+def adoptable_when_done(pieces: Iterable[PoolPiece], n: int) -> bool:
+    """Whether the group would be adopted if every session still running finished now with what it has: each
+    session's first turn in one piece with tokens, all at one version. A trainer crash at such a moment leaves work
+    that a restarted trainer trains (``trainer.faults`` waits for one before it kills the trainer)."""
+    return adopt_group((replace(p, finished=True) for p in pieces), n) is not None

@@ -169,16 +169,29 @@ class PartialPool:
         while a trainer that last beat at ``since`` was down (``fleet.outlive``)."""
         return sum(n for t in self._entries.values() for at, n in t.grown if at > since)
 
+    def adoptable_groups(self, n: int) -> int:
+        """Groups of ``n`` sessions that a restarted trainer would adopt once their running responses finish
+        (``policy.adopt.adoptable_when_done``)."""
+        from verl_laminar.policy.adopt import adoptable_when_done
+
+        return sum(1 for keys in self._by_group.values()
+                   if adoptable_when_done((self._piece(self._entries[k]) for k in keys), n))
+
+    @staticmethod
+    def _piece(t: PartialTrajectory) -> Any:
+        from verl_laminar.policy.adopt import PoolPiece
+
+        return PoolPiece(t.key, t.version, t.state.get("session"), t.state.get("turn"), t.state.get("piece"),
+                         bool(t.state.get(FINISHED)), len(t.tokens))
+
     def claim_group(self, group_id: str, n: int) -> Optional[dict]:
         """A re-issued group's responses, if the pool holds them whole at one version (``policy.adopt``):
         {"version", "keys" (session i's entry at index i), "tokens"}; the client reads and closes each. Otherwise
         None, and every entry of the group is closed: the group is generated again under new keys."""
-        from verl_laminar.policy.adopt import PoolPiece, adopt_group
+        from verl_laminar.policy.adopt import adopt_group
 
         mine = [self._entries[k] for k in sorted(self._by_group.get(group_id, ()))]
-        adoption = adopt_group((PoolPiece(t.key, t.version, t.state.get("session"), t.state.get("turn"),
-                                          t.state.get("piece"), bool(t.state.get(FINISHED)), len(t.tokens))
-                                for t in mine), n)
+        adoption = adopt_group((self._piece(t) for t in mine), n)
         keep = set(adoption.keys) if adoption else set()
         for t in mine:
             if t.key not in keep:

@@ -33,11 +33,12 @@ CALL_TIMEOUT_S = 30.0  # a call to a replica that stops meanwhile must not hold 
 
 class FaultInjector:
     """``replicas()``: the live replica handles now (replacements included); the router, the pool (or None) and
-    the pool's chunk size from the trainer."""
+    the pool's chunk size from the trainer; ``group_size``: responses per prompt (``rollout.n``)."""
 
-    def __init__(self, laminar: Any, router: Any, pool: Any, replicas: Callable[[], list]) -> None:
+    def __init__(self, laminar: Any, router: Any, pool: Any, replicas: Callable[[], list], group_size: int = 1) -> None:
         self.plan = plan_from_config(laminar.fault_injection)
         self._router, self._pool, self._replicas = router, pool, replicas
+        self._group_size = int(group_size)
         self._chunk = laminar.pool.flush_tokens
         self._armed: list[tuple[threading.Thread, threading.Event]] = []
         if any(f.replica_fault == "garbage" for f in self.plan) and pool is None:
@@ -66,13 +67,16 @@ class FaultInjector:
 
     # ---- the trainer's kill ----
     def _generating(self) -> bool:
-        """Some replica is generating: requests in flight, and (with the pool) tokens of one already streamed."""
+        """Some replica is generating: requests in flight, and (with the pool) a whole group whose every response
+        has streamed tokens and none moved. Requests alone are not enough: right after a checkpoint the replicas
+        often run only the tails of groups whose other responses already reached the (then lost) buffer, which no
+        restarted trainer can adopt; a crash in the middle of generation, as where generation dominates, leaves
+        whole groups that it can (a CI run killed at such a tail-only moment and had nothing to adopt)."""
         import ray
 
         if ray.get(self._router.total_inflight.remote()) == 0:
             return False
-        return self._pool is None or any(ray.get(self._pool.streamed_on.remote(r.replica_id, 1)) > 0
-                                         for r in self._live())
+        return self._pool is None or ray.get(self._pool.adoptable_groups.remote(self._group_size)) > 0
 
     def _arm_trainer_kill(self, step: int) -> None:
         """A trainer crash strikes while the rollouts generate, as it would where generation dominates (a crash at the

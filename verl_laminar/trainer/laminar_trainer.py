@@ -144,7 +144,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.trainer.faults import FaultInjector
 
         self._faults = FaultInjector(self.laminar, self.router, self.pool if streaming else None,
-                                     lambda: list(self._replicas))
+                                     lambda: list(self._replicas), int(self.config.actor_rollout_ref.rollout.n))
         self._replacer = start_replacement(self.laminar, list(self.standalone_server_manager.get_replicas()),
                                            self.router, self.relay_group, self._on_replica_join, self._killer)
         default = self.standalone_server_manager.global_load_balancer
