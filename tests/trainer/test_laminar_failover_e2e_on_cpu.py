@@ -1,5 +1,6 @@
 """`python -m verl.trainer.main_ppo ... +laminar=enabled` with a rollout replica killed mid-run (SIGKILL of its
-server, its workers and vLLM's engine core, after step 1 publishes, once it has requests in flight), or hung
+server, its workers and vLLM's engine core, after a step publishes, once it has requests in flight; this case runs
+in the resumed run of the trainer restart, ``restart_run``, to save a launch), or hung
 (SIGSTOP of the same processes), which the hang watch must find from its silent token stream and kill, or made to
 answer token ids outside the vocabulary, which the clients' output check must fence.
 
@@ -14,47 +15,54 @@ import re
 
 import pytest
 
+import restart_run
 from laminar_testing import run_cpu_laminar
 from verl_laminar.report.runlog import RunRecord
 from verl_laminar.timeline import Load, Publish, Trajectory, read_timeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # two runs of ~3 min and ~10 GB each on a 2-core host
+# the kill case reads the restart's resumed run (shared with the resume e2e); hang and garbage launch their own
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]  # timeout: the runs plus their checks
 
 # A replacement starts (Ray actors, verl, vLLM and the model, ~75 s on 2 cores busy with the run) while the run
 # goes on; in the kill run, steps after the kill give it time to join and generate trajectories that later steps
 # train. The hang run stops after 3 steps: its replacement starts, and need not join before the end.
-STEPS = {"kill": 14, "hang": 3, "garbage": 3}
-KILLED = 1
+# The kill case is the resumed run of ``restart_run`` (steps KILL_AFTER + 1 .. STEPS of that process).
+STEPS = {"kill": restart_run.STEPS, "hang": 3, "garbage": 3}
+FIRST_STEP = {"kill": restart_run.KILL_AFTER + 1, "hang": 1, "garbage": 1}
+FAULT_AFTER = {"kill": restart_run.REPLICA_KILL_AFTER, "hang": 1, "garbage": 1}  # the step after which it strikes
+KILLED = restart_run.REPLICA_KILLED
 REPLACEMENT = 2  # the next rank: the run's replicas are 0 and 1
-POOL_KILLED = 4
+POOL_KILLED = restart_run.POOL_KILL_AFTER
 # The hang run must find its stopped replica within its 3 steps, so it judges silence after 10 s. The other runs
 # keep the CPU recipe's 30 s: on 2 cores the trainer's update (at a higher CPU priority than the rollouts) and a
 # replacement's start can starve a live replica's decode loop for over 10 s, and these runs assert that no live
 # replica is taken for hung (a CI run on a busier host saw exactly that at 10 s).
-DEAD_AFTER_S = {"kill": 30, "hang": 10, "garbage": 30}
+DEAD_AFTER_S = {"hang": 10, "garbage": 30}
 
 
 # "kill": SIGKILL, its requests fail at once; "hang": SIGSTOP, only the hang watch can find it (it must, within
 # DEAD_AFTER_S of the stop, or the run's requests wait forever), and then kills it the same way; "garbage": it
 # answers ids outside the vocabulary, and the clients' output check must fence it
-# hang and garbage are slow (each a whole trainer launch, ~6 min on a 2-core AMD EPYC): CI runs the kill run, which
+# hang and garbage are slow (each a whole trainer launch, ~6 min on a 2-core AMD EPYC): CI runs the kill case, which
 # covers failover, the pool's continuation, the replacement and the pool's own restart; `make test-slow` runs all three
 @pytest.fixture(scope="module", params=["kill", pytest.param("hang", marks=pytest.mark.slow),
                                         pytest.param("garbage", marks=pytest.mark.slow)])
 def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
-    out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
-    # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
-    # the kill run also SIGKILLs the partial-response pool after step POOL_KILLED (Ray restarts it from its log)
-    more = [f"laminar.fault_injection.kill_pool_after_step={POOL_KILLED}"] if fault == "kill" else []
-    rc, log = run_cpu_laminar(out, tiny_model_dir, *more, f"laminar.fault_injection.kill_replica={KILLED}",
-                              "laminar.fault_injection.kill_after_step=1",
-                              f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
-                              "laminar.pool.flush_interval_s=0.2", f"laminar.heartbeat.dead_after_s={DEAD_AFTER_S[fault]}",
-                              steps=STEPS[fault])
-    (out / "log.txt").write_text(log)
-    assert rc == 0, log[-6000:]
-    timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
+    if fault == "kill":
+        runs = request.getfixturevalue("restart_runs")
+        log, timeline = runs.log2, read_timeline(runs.timeline)
+    else:
+        out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
+        # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
+        rc, log = run_cpu_laminar(out, tiny_model_dir, f"laminar.fault_injection.kill_replica={KILLED}",
+                                  "laminar.fault_injection.kill_after_step=1",
+                                  f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
+                                  "laminar.pool.flush_interval_s=0.2",
+                                  f"laminar.heartbeat.dead_after_s={DEAD_AFTER_S[fault]}", steps=STEPS[fault])
+        (out / "log.txt").write_text(log)
+        assert rc == 0, log[-6000:]
+        timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
     return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), timeline
 
 
@@ -71,8 +79,8 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
         assert [int(r) for r, _ in hit] == [KILLED], hit
     hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of PIDs", log)
     assert [int(r) for r in hung] == ([KILLED] if fault == "hang" else []), hung
-    steps = STEPS[fault]
-    assert sorted(run.steps) == list(range(1, steps + 1))
+    steps, first = STEPS[fault], FIRST_STEP[fault]
+    assert sorted(run.steps) == list(range(first, steps + 1))
     assert "InvariantViolation" not in log
     last = run.steps[steps]
     assert last["laminar/ft/replica_failures"] == 1
@@ -100,8 +108,9 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
         continued = re.findall(r"its replica died after (\d+) tokens; the response continues from the partial", log)
         assert len(continued) == last["laminar/ft/pool_continued"], continued
         assert sum(map(int, continued)) == last["laminar/ft/pool_continued_tokens"], continued
-    assert "partial-response pool 'laminar_partial_pool'" in log  # the trainer spawned it
-    assert last["laminar/trajectories/trained"] == steps * 8 * 4  # whole groups, nothing trained twice
+    assert "partial-response pool 'laminar_partial_pool'" in log  # the trainer spawned it (or resumed with it)
+    # whole groups, nothing trained twice (this process's steps)
+    assert last["laminar/trajectories/trained"] == (steps - first + 1) * 8 * 4
     assert last["laminar/invariant/checked_trajectories"] >= last["laminar/trajectories/trained"]
     # lost groups were dropped on purpose (failed by verl, refilled): their trajectories count as discarded,
     # except responses that had finished before the death and that verl trained anyway (counted as trained)
@@ -111,15 +120,16 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
 
 
 def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
-    _, log, _, _ = failover_run
+    fault, log, _, _ = failover_run
+    after = FAULT_AFTER[fault]
     loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
-    # killed after step 1 published version 1 and before step 2 could publish (the trainer waits for the
-    # kill): it may have loaded version 1 first, never a later one; the live one goes on
-    assert max(v for r, v in loads if r == KILLED) <= 1, loads
-    # the live one pulls the version published just before the kill (1), and trains every step on it (the test
-    # above). Whether it also reaches version 2 before the run stops depends on timing: with the warm-up batches it
-    # may generate step 3's data at version 1 (a CI run did: step 3 trained 6 s after step 2, staleness 1)
-    assert max(v for r, v in loads if r == 1 - KILLED) >= 1, loads
+    # killed after step `after` published its version and before the next step could publish (the trainer waits
+    # for the kill): it may have loaded that version first, never a later one; the live one goes on
+    assert max(v for r, v in loads if r == KILLED) <= after, loads
+    # the live one pulls the version published just before the kill, and trains every step on it (the test
+    # above). Whether it also reaches the next one before a short run stops depends on timing: with the warm-up
+    # batches it may generate step 3's data at version 1 (a CI run did: step 3 trained 6 s after step 2, staleness 1)
+    assert max(v for r, v in loads if r == 1 - KILLED) >= after, loads
     failures = re.findall(r"laminar: replica (\d+) died \(", log)
     assert [int(f) for f in failures] == [KILLED], failures
 
@@ -159,4 +169,4 @@ def test_a_killed_pool_restarts_from_its_log_and_the_run_goes_on(failover_run):
     last = run.steps[STEPS["kill"]]
     # streams in flight across the restart were retried, not failed; no replica looked hung meanwhile
     assert last["laminar/ft/hung_replicas"] == 0 and last["laminar/ft/replica_failures"] == 1, last
-    assert sorted(run.steps) == list(range(1, STEPS["kill"] + 1))
+    assert sorted(run.steps) == list(range(FIRST_STEP["kill"], STEPS["kill"] + 1))

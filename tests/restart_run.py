@@ -1,0 +1,95 @@
+"""One trainer restart under ``+laminar=enabled`` with a detached fleet, shared by two e2e modules: the resume e2e
+(``tests/trainer/test_laminar_resume_e2e_on_cpu.py``) and the failover e2e's replica-kill case
+(``tests/trainer/test_laminar_failover_e2e_on_cpu.py``). Each launch costs ~3 min of start-up on a 2-core host, so
+the failover faults strike in the resumed run instead of a launch of their own (CI's time budget).
+
+The two launches join a Ray cluster started first (``ray start --head``, as on a real cluster;
+``fleet.cluster.local_cluster``) in a fixed namespace, with ``laminar.fleet.detached=true``:
+- run 1 checkpoints every step and SIGKILLs the trainer's process (verl's TaskRunner) after step ``KILL_AFTER``'s
+  checkpoint, once a whole group generates; the job fails, and the replicas' requests in flight run to their end
+  into the partial-response pool;
+- run 2, the same command with ``trainer.resume_mode=auto`` plus the failover faults, resumes from that step: it
+  adopts the groups the pool holds whole, SIGKILLs replica ``REPLICA_KILLED`` after step ``REPLICA_KILL_AFTER``
+  (its groups move or wait for a replacement, which joins) and the pool after step ``POOL_KILL_AFTER`` (Ray
+  restarts it from its log), and trains to step ``STEPS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from laminar_testing import run_cpu_laminar
+
+NAMESPACE = "laminar_resume_e2e"
+STEPS = 11  # the replacement starts in ~75-200 s (~2-5 steps here) and must serve groups that later steps train
+KILL_AFTER = 2  # the trainer's kill (run 1)
+REPLICA_KILLED = 1
+REPLICA_KILL_AFTER = KILL_AFTER + 1  # the first step run 2 trains
+POOL_KILL_AFTER = REPLICA_KILL_AFTER + 2  # while the replacement starts
+# the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
+FAILOVER_OVERRIDES = (f"laminar.fault_injection.kill_replica={REPLICA_KILLED}",
+                      f"laminar.fault_injection.kill_after_step={REPLICA_KILL_AFTER}",
+                      "laminar.fault_injection.replica_fault=kill",
+                      f"laminar.fault_injection.kill_pool_after_step={POOL_KILL_AFTER}",
+                      "laminar.pool.flush_tokens=8", "laminar.pool.flush_interval_s=0.2",
+                      "laminar.heartbeat.dead_after_s=30")
+
+LEFT_IN_CLUSTER = """
+import json, ray
+ray.init(namespace="%s")
+named = ray.util.list_named_actors(all_namespaces=True)
+pgs = [p for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"]
+print(json.dumps({"named": named, "placement_groups": len(pgs)}))
+""" % NAMESPACE
+
+
+@dataclass(frozen=True)
+class RestartRuns:
+    out: Path
+    left: dict  # what the killed run left in its checkpoint directory, before run 2 wrote its own
+    rc1: int
+    log1: str
+    log2: str  # run 2 exited 0 (checked)
+    left_in_cluster: dict  # named actors and placement groups after run 2's clean end
+
+    @property
+    def timeline(self) -> Path:
+        return self.out / "checkpoints" / "laminar_timeline.jsonl"  # run 1's records, then run 2's (appended)
+
+
+def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
+    return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.resume_mode=auto",
+                           "laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={NAMESPACE}", *overrides,
+                           steps=STEPS, resp=64)
+
+
+def restart_runs(model: Path, out: Path) -> RestartRuns:
+    from verl_laminar.fleet.cluster import local_cluster
+
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "LAMINAR_CPU_PLATFORM")}
+    # 1 trainer rank + 2 replicas, as logical GPUs: a replacement takes the GPU its dead replica frees
+    with local_cluster(gpus=3) as env:
+        os.environ.update(env)
+        try:
+            rc1, log1 = _run(out, model, f"laminar.fault_injection.kill_trainer_after_step={KILL_AFTER}")
+            (out / "log1.txt").write_text(log1)
+            ckpt = out / "checkpoints"
+            tracker = ckpt / "latest_checkpointed_iteration.txt"
+            left = {"tracker": tracker.read_text().strip() if tracker.exists() else None,
+                    "steps": sorted(p.name for p in ckpt.glob("global_step_*")),
+                    "actor": (ckpt / f"global_step_{KILL_AFTER}" / "actor").is_dir()}
+            rc2, log2 = _run(out, model, *FAILOVER_OVERRIDES)
+            (out / "log2.txt").write_text(log2)
+            probe = subprocess.run([sys.executable, "-c", LEFT_IN_CLUSTER], capture_output=True, text=True,
+                                   timeout=120)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert rc2 == 0, log2[-6000:]
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    return RestartRuns(out, left, rc1, log1, log2, json.loads(probe.stdout.strip().splitlines()[-1]))
