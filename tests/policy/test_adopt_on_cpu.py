@@ -60,7 +60,8 @@ def test_claim_group_keeps_the_adopted_entries_and_drops_the_rest(tmp_path):
     _open(pool, "h.0", "h", 0)
     _open(pool, "h.1", "h", 1, finish=False)  # h's second response was cut off: h is generated again
     assert pool.claim_group("g", 2) == {"version": 3, "keys": ["g.0", "g.1"], "tokens": 3}
-    assert pool.claim_group("h", 2) is None
+    assert pool.claim_group("h", 2) == {"version": None, "dropped": 2}  # the caller logs the loss
+    assert pool.claim_group("nothing", 2) is None
     assert sorted(t.key for t in pool) == ["g.0", "g.1"]  # h's entries closed: its rerun opens new keys
     assert pool.get("g.0").tokens == [5, 6]
 
@@ -98,8 +99,8 @@ def test_adoptable_groups_counts_the_groups_a_crash_now_would_leave_whole(tmp_pa
     _open(pool, "g.0", "g", 0, finish=False)
     _open(pool, "g.1", "g", 1, finish=False)
     _open(pool, "h.1", "h", 1, finish=False)  # h's session 0 reached the buffer before: only its tail runs
-    assert pool.adoptable_groups(2) == 1
+    assert pool.adoptable_groups(2) == ["g"]
     _open(pool, "h.0", "h", 0, finish=False)  # (a rerun of h: both sessions stream again)
-    assert pool.adoptable_groups(2) == 2 and pool.adoptable_groups(3) == 0
+    assert pool.adoptable_groups(2) == ["g", "h"] and pool.adoptable_groups(3) == []
     pool.close("g.0")
-    assert pool.adoptable_groups(2) == 1
+    assert pool.adoptable_groups(2) == ["h"]

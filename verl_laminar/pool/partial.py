@@ -169,13 +169,13 @@ class PartialPool:
         while a trainer that last beat at ``since`` was down (``fleet.outlive``)."""
         return sum(n for t in self._entries.values() for at, n in t.grown if at > since)
 
-    def adoptable_groups(self, n: int) -> int:
-        """Groups of ``n`` sessions that a restarted trainer would adopt once their running responses finish
-        (``policy.adopt.adoptable_when_done``)."""
+    def adoptable_groups(self, n: int) -> list[str]:
+        """The groups of ``n`` sessions that a restarted trainer would adopt once their running responses finish
+        (``policy.adopt.adoptable_when_done``), sorted."""
         from verl_laminar.policy.adopt import adoptable_when_done
 
-        return sum(1 for keys in self._by_group.values()
-                   if adoptable_when_done((self._piece(self._entries[k]) for k in keys), n))
+        return sorted(g for g, keys in self._by_group.items()
+                      if adoptable_when_done((self._piece(self._entries[k]) for k in keys), n))
 
     @staticmethod
     def _piece(t: PartialTrajectory) -> Any:
@@ -187,7 +187,8 @@ class PartialPool:
     def claim_group(self, group_id: str, n: int) -> Optional[dict]:
         """A re-issued group's responses, if the pool holds them whole at one version (``policy.adopt``):
         {"version", "keys" (session i's entry at index i), "tokens"}; the client reads and closes each. Otherwise
-        None, and every entry of the group is closed: the group is generated again under new keys."""
+        every entry of the group is closed, and the group is generated again under new keys: None when the pool held
+        nothing of it, else {"version": None, "dropped": the entries closed} (the caller logs what was lost)."""
         from verl_laminar.policy.adopt import adopt_group
 
         mine = [self._entries[k] for k in sorted(self._by_group.get(group_id, ()))]
@@ -197,7 +198,7 @@ class PartialPool:
             if t.key not in keep:
                 self.close(t.key)
         if adoption is None:
-            return None
+            return {"version": None, "dropped": len(mine)} if mine else None
         return {"version": adoption.version, "keys": list(adoption.keys), "tokens": adoption.tokens}
 
     # ---- internals ----

@@ -66,6 +66,10 @@ class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         n = int(prompt.get("__rollout_n__", cfg.val_kwargs.n if validate else cfg.n))
         router = self._laminar_router()
         claim = None if validate else await self._claim(uid, n, prompt)
+        if claim is not None and claim["version"] is None:
+            logger.info("group %s: the pool held %d pieces of it, not its whole responses at one version; generated "
+                        "again", uid, claim["dropped"])
+            claim = None
         if claim is not None:
             pin = await router.adopt_group.remote(uid, n, claim["version"])
             logger.info("group %s: %d responses (%d tokens) adopted from the pool at version %d", uid, n,

@@ -66,17 +66,20 @@ class FaultInjector:
                 self._arm_trainer_kill(step)
 
     # ---- the trainer's kill ----
-    def _generating(self) -> bool:
-        """Some replica is generating: requests in flight, and (with the pool) a whole group whose every response
-        has streamed tokens and none moved. Requests alone are not enough: right after a checkpoint the replicas
-        often run only the tails of groups whose other responses already reached the (then lost) buffer, which no
-        restarted trainer can adopt; a crash in the middle of generation, as where generation dominates, leaves
-        whole groups that it can (a CI run killed at such a tail-only moment and had nothing to adopt)."""
+    def _generating(self) -> Optional[list]:
+        """None until some replica is generating: requests in flight, and (with the pool) a whole group whose every
+        response has streamed tokens and none moved; then those groups' ids (an empty list without the pool).
+        Requests alone are not enough: right after a checkpoint the replicas often run only the tails of groups
+        whose other responses already reached the (then lost) buffer, which no restarted trainer can adopt; a crash
+        in the middle of generation, as where generation dominates, leaves whole groups that it can (a CI run killed
+        at such a tail-only moment and had nothing to adopt)."""
         import ray
 
         if ray.get(self._router.total_inflight.remote()) == 0:
-            return False
-        return self._pool is None or ray.get(self._pool.adoptable_groups.remote(self._group_size)) > 0
+            return None
+        if self._pool is None:
+            return []
+        return ray.get(self._pool.adoptable_groups.remote(self._group_size)) or None
 
     def _arm_trainer_kill(self, step: int) -> None:
         """A trainer crash strikes while the rollouts generate, as it would where generation dominates (a crash at the
@@ -86,16 +89,19 @@ class FaultInjector:
 
         def kill_when_generating() -> None:
             deadline = time.monotonic() + ARM_WAIT_S
+            whole: Optional[list] = None
             while not now.is_set() and time.monotonic() < deadline:
                 try:
-                    if self._generating():
+                    whole = self._generating()
+                    if whole is not None:
                         break
                 except Exception as e:  # noqa: BLE001 - a failed probe must not spare the kill
                     logger.warning("laminar.fault_injection: probing the rollouts before the trainer kill: %r", e)
                     break
                 time.sleep(0.05)
-            logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step %d",
-                           os.getpid(), step)
+            # the groups whole in the pool now: a restarted trainer should adopt these (its log says which it did)
+            logger.warning("laminar.fault_injection: killing the trainer process (SIGKILL of PID %d) after step %d "
+                           "(groups whole in the pool: %s)", os.getpid(), step, whole)
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 
