@@ -6,7 +6,7 @@ the failover faults strike in the resumed run instead of a launch of their own (
 The two launches join a Ray cluster started first (``ray start --head``, as on a real cluster;
 ``fleet.cluster.local_cluster``) in a fixed namespace, with ``laminar.fleet.detached=true``:
 - run 1 checkpoints every step and SIGKILLs the trainer's process (verl's TaskRunner) after step ``KILL_AFTER``'s
-  checkpoint, once a whole group generates; the job fails, and the replicas' requests in flight run to their end
+  checkpoint, once two whole groups generate; the job fails, and the replicas' requests in flight run to their end
   into the partial-response pool;
 - run 2, the same command with ``trainer.resume_mode=auto`` plus the failover faults, resumes from that step: it
   adopts the groups the pool holds whole, SIGKILLs replica ``REPLICA_KILLED`` after step ``REPLICA_KILL_AFTER``

@@ -43,6 +43,8 @@ def test_adopt_group(pieces, n, expected):
 ])
 def test_adoptable_when_done(pieces, n, expected):
     assert adoptable_when_done(pieces, n) is expected
+    # running: only groups whose every response is still running
+    assert adoptable_when_done(pieces, n, running=True) is (expected and not any(p.finished for p in pieces))
 
 
 def _open(pool, key, group, session, version=3, turn=0, piece=0, tokens=(5, 6), finish=True):
@@ -102,5 +104,7 @@ def test_adoptable_groups_counts_the_groups_a_crash_now_would_leave_whole(tmp_pa
     assert pool.adoptable_groups(2) == ["g"]
     _open(pool, "h.0", "h", 0, finish=False)  # (a rerun of h: both sessions stream again)
     assert pool.adoptable_groups(2) == ["g", "h"] and pool.adoptable_groups(3) == []
+    pool.finish("h.0")
+    assert pool.adoptable_groups(2) == ["g", "h"] and pool.adoptable_groups(2, running=True) == ["g"]
     pool.close("g.0")
     assert pool.adoptable_groups(2) == ["h"]

@@ -49,8 +49,8 @@ class _Pool:
     def streamed_on(self, rid, min_tokens):
         return self.streamed.get(rid, 0)
 
-    def adoptable_groups(self, n):
-        self.asked_n.append(n)
+    def adoptable_groups(self, n, running=False):
+        self.asked_n.append((n, running))
         return self.adoptable
 
     def silence(self, rids):
@@ -145,12 +145,15 @@ def test_pool_and_trainer_kills_signal_their_processes(fakes):
     time.sleep(0.3)
     # only the tails of groups whose other responses are gone: a restarted trainer could adopt nothing yet
     assert len(fakes.signalled) == 1
-    fakes.pool.adoptable = ["g"]  # a whole group of 4 streams
+    fakes.pool.adoptable = ["g"]  # one whole group of 4 streams: a response finishing meanwhile would spoil it
+    time.sleep(0.3)
+    assert len(fakes.signalled) == 1
+    fakes.pool.adoptable = [f"g{i}" for i in range(tf.KILL_WHOLE_GROUPS)]
     deadline = time.monotonic() + 5
     while len(fakes.signalled) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fakes.signalled[1][1] == signal.SIGKILL and fakes.signalled[1][0] == tf.os.getpid()  # then the trainer
-    assert set(fakes.pool.asked_n) == {4}  # whole means the run's group size
+    assert set(fakes.pool.asked_n) == {(4, True)}  # whole: the run's group size, every response still running
 
 
 def test_a_trainer_kill_strikes_before_the_next_publication_even_with_idle_rollouts(fakes):

@@ -69,8 +69,14 @@ def adopt_group(pieces: Iterable[PoolPiece], n: int) -> Optional[Adoption]:
     return None
 
 
-def adoptable_when_done(pieces: Iterable[PoolPiece], n: int) -> bool:
+def adoptable_when_done(pieces: Iterable[PoolPiece], n: int, running: bool = False) -> bool:
     """Whether the group would be adopted if every session still running finished now with what it has: each
     session's first turn in one piece with tokens, all at one version. A trainer crash at such a moment leaves work
-    that a restarted trainer trains (``trainer.faults`` waits for one before it kills the trainer)."""
+    that a restarted trainer trains (``trainer.faults`` waits for such groups before it kills the trainer).
+    ``running``: and no session has finished yet. A finished response is closed in the pool as soon as its client
+    receives it, and the clients (verl's agent-loop workers) outlive a killed trainer by a moment, so a group with
+    a finished session at the crash may lose it to a client that dies next."""
+    pieces = list(pieces)
+    if running and any(p.finished for p in pieces):
+        return False
     return adopt_group((replace(p, finished=True) for p in pieces), n) is not None

@@ -169,13 +169,13 @@ class PartialPool:
         while a trainer that last beat at ``since`` was down (``fleet.outlive``)."""
         return sum(n for t in self._entries.values() for at, n in t.grown if at > since)
 
-    def adoptable_groups(self, n: int) -> list[str]:
+    def adoptable_groups(self, n: int, running: bool = False) -> list[str]:
         """The groups of ``n`` sessions that a restarted trainer would adopt once their running responses finish
-        (``policy.adopt.adoptable_when_done``), sorted."""
+        (``policy.adopt.adoptable_when_done``; ``running``: every session still running), sorted."""
         from verl_laminar.policy.adopt import adoptable_when_done
 
         return sorted(g for g, keys in self._by_group.items()
-                      if adoptable_when_done((self._piece(self._entries[k]) for k in keys), n))
+                      if adoptable_when_done((self._piece(self._entries[k]) for k in keys), n, running))
 
     @staticmethod
     def _piece(t: PartialTrajectory) -> Any:

@@ -28,6 +28,9 @@ ARM_WAIT_S = 60.0  # an armed replica fault strikes anyway after this long witho
 # a target must have streamed within this long: a replica already stopped (another fault, not yet failed over) is
 # no target (a chaos run aimed its garbage fault at a SIGSTOPped replica, and the strike failed)
 STREAMING_WITHIN_S = 5.0
+# the trainer kill waits for this many groups whose every response is still running: each response that finishes
+# before the killed trainer's clients die is closed in the pool, and its group is generated again, not adopted
+KILL_WHOLE_GROUPS = 2
 CALL_TIMEOUT_S = 30.0  # a call to a replica that stops meanwhile must not hold the trainer (land_armed joins)
 
 
@@ -68,7 +71,8 @@ class FaultInjector:
     # ---- the trainer's kill ----
     def _generating(self) -> Optional[list]:
         """None until some replica is generating: requests in flight, and (with the pool) a whole group whose every
-        response has streamed tokens and none moved; then those groups' ids (an empty list without the pool).
+        response has streamed tokens, none moved and none finished (``KILL_WHOLE_GROUPS`` of them); then those
+        groups' ids (an empty list without the pool).
         Requests alone are not enough: right after a checkpoint the replicas often run only the tails of groups
         whose other responses already reached the (then lost) buffer, which no restarted trainer can adopt; a crash
         in the middle of generation, as where generation dominates, leaves whole groups that it can (a CI run killed
@@ -79,7 +83,8 @@ class FaultInjector:
             return None
         if self._pool is None:
             return []
-        return ray.get(self._pool.adoptable_groups.remote(self._group_size)) or None
+        whole = ray.get(self._pool.adoptable_groups.remote(self._group_size, True))
+        return whole if len(whole) >= KILL_WHOLE_GROUPS else None
 
     def _arm_trainer_kill(self, step: int) -> None:
         """A trainer crash strikes while the rollouts generate, as it would where generation dominates (a crash at the
