@@ -20,7 +20,7 @@ demo: setup
 
 # Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.
 test: fixtures
-	$(PY) -m pytest -m "not slow" --durations=30 $(PYTEST_ARGS) tests
+	$(PY) -X faulthandler -m pytest -m "not slow" --durations=30 $(PYTEST_ARGS) tests
 	$(MAKE) clean-shm
 
 test-fast: setup
