@@ -11,7 +11,9 @@ The two launches join a Ray cluster started first (``ray start --head``, as on a
 - run 2, the same command with ``trainer.resume_mode=auto`` plus the failover faults, resumes from that step: it
   adopts the groups the pool holds whole, SIGKILLs replica ``REPLICA_KILLED`` after step ``REPLICA_KILL_AFTER``
   (its groups move or wait for a replacement, which joins) and the pool after step ``POOL_KILL_AFTER`` (Ray
-  restarts it from its log), and trains to step ``STEPS``.
+  restarts it from its log), and trains until the replacement's work and adopted work were trained
+  (``laminar.run_until``; ``MAX_STEPS`` is only its cap): the step it ends at is the event's, not a guess of how
+  fast this machine starts a replica.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laminar_testing import run_cpu_laminar
+from verl_laminar.policy.until import ENDED
 
 NAMESPACE = "laminar_resume_e2e"
-STEPS = 11  # the replacement starts in ~75-200 s (~2-5 steps here) and must serve groups that later steps train
+# run 2 ends on its events (the replacement starts in ~75-200 s on a 2-core host, 2-5 steps; a faster machine needs
+# fewer): trainer.total_training_steps is a cap, the time bound counts from the trainer's start (which includes the
+# drain of the fleet run 1 left, up to laminar.fleet.drain_timeout_s)
+MAX_STEPS = 16
+RUN2_EVENTS = ("replacement_trained", "adopted_trained")
+RUN2_TIMEOUT_S = 1500
 KILL_AFTER = 2  # the trainer's kill (run 1)
 REPLICA_KILLED = 1
 REPLICA_KILL_AFTER = KILL_AFTER + 1  # the first step run 2 trains
@@ -37,7 +45,9 @@ FAILOVER_OVERRIDES = (f"laminar.fault_injection.kill_replica={REPLICA_KILLED}",
                       "laminar.fault_injection.replica_fault=kill",
                       f"laminar.fault_injection.kill_pool_after_step={POOL_KILL_AFTER}",
                       "laminar.pool.flush_tokens=8", "laminar.pool.flush_interval_s=0.2",
-                      "laminar.heartbeat.dead_after_s=30")
+                      "laminar.heartbeat.dead_after_s=30",
+                      f"laminar.run_until.events=[{','.join(RUN2_EVENTS)}]",
+                      f"laminar.run_until.timeout_s={RUN2_TIMEOUT_S}")
 
 LEFT_IN_CLUSTER = """
 import json, ray
@@ -58,6 +68,13 @@ class RestartRuns:
     left_in_cluster: dict  # named actors and placement groups after run 2's clean end
 
     @property
+    def last_step(self) -> int:
+        """The step run 2 ended at: the first after which its awaited events had happened."""
+        ended = ENDED.findall(self.log2)
+        assert len(ended) == 1, f"run 2 did not end on its events {RUN2_EVENTS}: {self.log2[-3000:]}"
+        return int(ended[0][0])
+
+    @property
     def timeline(self) -> Path:
         return self.out / "checkpoints" / "laminar_timeline.jsonl"  # run 1's records, then run 2's (appended)
 
@@ -65,7 +82,7 @@ class RestartRuns:
 def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
     return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.resume_mode=auto",
                            "laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={NAMESPACE}", *overrides,
-                           steps=STEPS, resp=64)
+                           steps=MAX_STEPS, resp=64)
 
 
 def restart_runs(model: Path, out: Path) -> RestartRuns:

@@ -26,6 +26,7 @@ def test_plan_needs_a_trainer_gpu_and_a_rollout_gpu(tmp_path):
     cmd, env = plan(3, 3, 16, tmp_path)
     assert env["REPLICAS"] == "2" and env["STEPS"] == "3" and env["LAMINAR_CPU_PLATFORM"] == "0"
     assert "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=16" in cmd
+    assert "laminar.run_until.events=[every_replica_refreshed]" in cmd  # STEPS is a cap, the refreshes end it
 
 
 def test_bucket_is_below_the_fixtures_largest_tensor(tiny_model_dir, tmp_path):
@@ -53,6 +54,16 @@ def test_verdict_passes_a_good_run_and_names_each_failure():
     short = evaluate(LOG, 4, 2, 0, set(), set())
     assert not short["checks"]["every_step_trained"]
     assert not evaluate(LOG, 3, 3, 0, set(), set())["checks"]["every_replica_loaded_trained_weights"]
+
+
+def test_verdict_takes_an_early_end_on_the_awaited_refreshes_and_only_that():
+    two = LOG.split(STEP.format(s=3, t=96))[0]  # steps 1-2; both replicas loaded version 1 by step 2
+    ended = two + "laminar.run_until: every awaited event happened by step 2 (every_replica_refreshed at step 2); " \
+                  "the run ends\n"
+    early = evaluate(ended, steps=8, replicas=2, exit_code=0, shm_before=set(), shm_after=set())
+    assert early["ok"] and (early["steps"], early["max_steps"]) == (2, 8), early
+    # two steps of an 8-step cap without that line: the run stopped short, which is a failure
+    assert not evaluate(two, 8, 2, 0, set(), set())["checks"]["every_step_trained"]
 
 
 def test_dry_run_prints_the_plan_and_one_gpu_is_refused():

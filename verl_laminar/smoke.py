@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cpu" / "run_laminar_grpo.sh"  # the fixture recipe: its overrides suit any device
 SHM_ROOT = Path("/dev/shm/laminar-relay")
 LOADED = re.compile(r"laminar: replica (\d+) loaded version (\d+)")
+RUN_UNTIL = ("every_replica_refreshed",)
 
 
 def shm_entries(root: Path = SHM_ROOT) -> set[str]:
@@ -53,29 +54,37 @@ def plan(gpus: int, steps: int, bucket_mb: float, out: Path, model: Optional[str
                "LAMINAR_CPU_PLATFORM", "0")}
     if model:
         env["MODEL"] = model
+    # it runs until each replica's own refresh loaded a trained version (laminar.run_until), ``steps`` at most: how
+    # many steps that takes depends on the machine (a replica refreshes only when its own batch ends)
     overrides = [f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb:g}",
+                 f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]",
                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "trainer.logger=[console]"]
     return ["bash", str(RECIPE), *overrides], env
 
 
 def evaluate(log: str, steps: int, replicas: int, exit_code: int, shm_before: set[str],
              shm_after: set[str]) -> dict:
-    """The verdict on a finished run (pure: the log text and two listings of the relay store root)."""
+    """The verdict on a finished run (pure: the log text and two listings of the relay store root). ``steps``: the
+    run's cap; a run that ended earlier on its awaited events (laminar.run_until) trained every step up to that."""
+    from verl_laminar.policy.until import ended_at
+
     run = RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+    ended = ended_at(log)
+    last = ended if ended is not None and ended <= steps else steps
     loads: dict[int, list[int]] = {}
     for r, v in LOADED.findall(log):
         loads.setdefault(int(r), []).append(int(v))
     newest = {r: max(vs) for r, vs in loads.items()}
     checks = {
         "exit_zero": exit_code == 0,
-        "every_step_trained": sorted(run.steps) == list(range(1, steps + 1)),
+        "every_step_trained": sorted(run.steps) == list(range(1, last + 1)),
         "every_replica_loaded_trained_weights": (sorted(loads) == list(range(replicas))
                                                  and all(v >= 1 for v in newest.values())),
         "versions_never_go_back": all(vs == sorted(vs) for vs in loads.values()),
         "no_invariant_violation": run.violations == 0 and "InvariantViolation" not in log,
         "dev_shm_empty_after": not (shm_after - shm_before),
     }
-    return {"ok": all(checks.values()), "checks": checks, "steps": steps, "replicas": replicas,
+    return {"ok": all(checks.values()), "checks": checks, "steps": last, "max_steps": steps, "replicas": replicas,
             "replica_versions": {str(r): vs for r, vs in sorted(loads.items())},
             "newest_version_per_replica": {str(r): v for r, v in sorted(newest.items())},
             "left_in_dev_shm": sorted(shm_after - shm_before), "exit_code": exit_code}
@@ -89,7 +98,7 @@ def _gpu_count() -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_laminar.smoke", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8, help="the most steps; the run ends once every replica refreshed")
     p.add_argument("--bucket-mb", type=float, default=16.0,
                    help="weight bucket (MiB); below the fixture's largest tensor (~39 MB in bf16) on purpose")
     p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible)")

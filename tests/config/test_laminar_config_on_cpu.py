@@ -86,6 +86,9 @@ BAD_VALUES = [
     ({"fault_injection.kill_replica": -1}, "laminar.fault_injection.kill_replica=-1: must be null (no fault) or"),
     ({"fault_injection.kill_after_step": 0}, "laminar.fault_injection.kill_after_step=0: must be a training step"),
     ({"fault_injection.kill_trainer_after_step": 0}, "laminar.fault_injection.kill_trainer_after_step=0: must be null"),
+    ({"run_until.events": ["replacement_joined"]}, "laminar.run_until.events=('replacement_joined',): must be a list of awaited events, each one of adopted_trained"),
+    ({"run_until.events": "adopted_trained"}, "laminar.run_until.events='adopted_trained': must be a list, got str"),
+    ({"run_until.timeout_s": 0}, "laminar.run_until.timeout_s=0.0: must be > 0 seconds"),
     ({"timeline.path": " "}, "laminar.timeline.path=' ': must be null (<trainer.default_local_dir>/laminar_timeline"),
     ({"timeline.path": 3}, "laminar.timeline.path=3: must be of type str, got int"),
 ]

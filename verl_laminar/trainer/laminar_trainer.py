@@ -30,7 +30,7 @@ from verl_laminar import timeline as tl
 from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
-from verl_laminar.trainer import runtime
+from verl_laminar.trainer import runtime, until
 
 logger = logging.getLogger(__name__)
 apply_verl_bug_patches()  # our base, verl's separate_async, crashes at start-up without it (patches/README.md)
@@ -68,6 +68,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.fleet.uids import StableUids
 
         self._uids = StableUids() if self.laminar.fleet.detached else None
+        self._started_s, self._until, self._shut = time.monotonic(), None, False  # laminar.run_until
         super().__init__(config)
 
     # ---- construction ----
@@ -228,6 +229,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._publish(version)
         versions = ray.get(self.router.start.remote(version))
         logger.info("laminar: every replica loaded version %d: %s", version, versions)
+        self._until = until.start(self.laminar, [r.replica_id for r in self._replicas], version,
+                                  self.total_training_steps, self._faults.plan, self._started_s)
         if getattr(self, "_restored_tq_prompt_count", 0):
             self._adopt_restored()
 
@@ -344,6 +347,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,
                     sorted(r.staleness for r in trained), snap_router["versions"],
                     self.replay_buffer.checked_trajectories)
+        if self._until is not None and until.ends_after(self._until, global_steps, trained,
+                                                        self.accounting.replicas.current(), self._laminar_shutdown):
+            self.total_training_steps = int(global_steps)  # verl's loop ends after this step, then on_train_end
         if global_steps >= self.total_training_steps:
             self._laminar_shutdown()  # verl's fit returns after the last step without on_train_end
 
@@ -359,6 +365,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._laminar_shutdown()
 
     def _laminar_shutdown(self) -> None:
+        if self._shut:  # an early end (laminar.run_until) runs it from the step, then verl's on_train_end
+            return
+        self._shut = True
         if self._replacer is not None:  # no replica joins a fleet that is closing
             self._replacer.stop()
             self._replacer = None
