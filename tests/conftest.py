@@ -101,3 +101,27 @@ def no_vllm_process_outlives_its_module():
             pass
     pytest.fail(f"{len(left)} vLLM processes outlived their test module by {LEAK_WAIT_S:.0f} s (ended now): "
                 + "; ".join(f"{pid}: {what}" for pid, what in sorted(left.items())), pytrace=False)
+
+
+def threads_alive() -> dict:
+    """What still runs in this process: Python threads by name, and every native thread by its kernel name (a
+    library's own thread has no Python object), grouped with counts."""
+    import threading
+    from collections import Counter
+
+    native: Counter = Counter()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            native[(task / "comm").read_text().strip()] += 1
+        except OSError:
+            continue
+    return {"python": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
+            "native": dict(sorted(native.items()))}
+
+
+def pytest_unconfigure(config):
+    """The last thing pytest runs before the interpreter shuts down: what is still running then is what the
+    shutdown must survive (a crash there comes after the summary). Printed so that a CI log shows it."""
+    import sys
+
+    sys.stderr.write(f"laminar: threads alive at interpreter shutdown: {threads_alive()}\n")

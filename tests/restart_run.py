@@ -29,10 +29,12 @@ from laminar_testing import run_cpu_laminar
 from verl_laminar.policy.until import ENDED
 
 NAMESPACE = "laminar_resume_e2e"
-# run 2 ends on its events (the replacement starts in ~75-200 s on a 2-core host, 2-5 steps; a faster machine needs
-# fewer): trainer.total_training_steps is a cap, the time bound counts from the trainer's start (which includes the
-# drain of the fleet run 1 left, up to laminar.fleet.drain_timeout_s)
-MAX_STEPS = 16
+# run 2 ends on its events. A step count cannot stand in for them: the replacement starts in ~75-200 s on a 2-core
+# host, which was 2-5 steps of ~40 s on an AMD EPYC and over 13 steps of ~11 s on a Xeon with AMX (a run capped at 16
+# steps ended 1 s before its replacement joined). So the cap is loose and the time bound, from the trainer's start
+# (which includes the drain of the fleet run 1 left, up to laminar.fleet.drain_timeout_s), is what bounds the wait;
+# the checkpoints of every step are capped at the newest 2 (~250 MB each)
+MAX_STEPS = 40
 RUN2_EVENTS = ("replacement_trained", "adopted_trained")
 RUN2_TIMEOUT_S = 1500
 KILL_AFTER = 2  # the trainer's kill (run 1)
@@ -80,7 +82,8 @@ class RestartRuns:
 
 
 def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
-    return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.resume_mode=auto",
+    return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
+                           "trainer.resume_mode=auto",
                            "laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={NAMESPACE}", *overrides,
                            steps=MAX_STEPS, resp=64)
 

@@ -149,11 +149,11 @@ def test_movable_groups_are_the_open_ones_another_live_replica_serves_at_their_v
         router, servers, client, _ = await _setup(2, gpb=1)
         pin = await router.assign_group("ga", 1)
         assert router.open_groups_on(pin.replica_id) == 1
-        assert router.movable_groups_on(pin.replica_id) == 1  # the other replica serves version 0 too
+        assert router.movable_groups_on(pin.replica_id) == [pin.group_id]  # the other replica serves version 0 too
         await router.on_publish(1)  # the idle replica moves on to version 1; ga keeps its replica on 0
         while router.versions()[1 - pin.replica_id] != 1:
             await asyncio.sleep(0.01)
-        assert router.open_groups_on(pin.replica_id) == 1 and router.movable_groups_on(pin.replica_id) == 0
+        assert router.open_groups_on(pin.replica_id) == 1 and router.movable_groups_on(pin.replica_id) == []
 
     asyncio.run(main())
 

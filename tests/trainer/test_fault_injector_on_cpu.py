@@ -27,7 +27,7 @@ class _Handle:
 
 class _Router:
     def __init__(self) -> None:
-        self.movable, self.dead, self.inflight = {0: 0, 1: 0}, [], 0
+        self.movable, self.dead, self.inflight = {0: 0, 1: 0}, [], 0  # movable groups per replica (a count)
 
     def total_inflight(self):
         return self.inflight
@@ -36,7 +36,7 @@ class _Router:
         return list(self.dead)
 
     def movable_groups_on(self, rid):
-        return self.movable.get(rid, 0)
+        return [f"g{i}" for i in range(self.movable.get(rid, 0))]
 
     def open_groups_on(self, rid):
         return self.movable.get(rid, 0)
@@ -46,7 +46,8 @@ class _Pool:
     def __init__(self) -> None:
         self.streamed, self.silent, self.adoptable, self.asked_n = {}, {}, [], []
 
-    def streamed_on(self, rid, min_tokens):
+    def streamed_on(self, rid, min_tokens, groups=None):
+        assert groups, "the injector asks for the movable groups' requests only"
         return self.streamed.get(rid, 0)
 
     def adoptable_groups(self, n, running=False):

@@ -88,6 +88,10 @@ def test_the_pool_clocks_each_replicas_progress():
     pool.open("c", "g", 0, [1], {}, replica_id=4)
     assert pool.silence()[4] < s[4]  # once streaming, a new request counts as progress too
     assert pool.streamed_on(3) == 1 and pool.streamed_on(4) == 1 and pool.streamed_on(3, min_tokens=3) == 0
+    # of given groups only; a finished entry its client has not closed yet is no work a death would leave
+    assert pool.streamed_on(3, groups=["g"]) == 1 and pool.streamed_on(3, groups=["other"]) == 0
+    pool.finish("a")
+    assert pool.streamed_on(3) == 0 and pool.streamed_on(4) == 1
 
 
 def test_after_a_pool_restart_a_busy_replica_is_silent_only_since_the_restart(tmp_path):

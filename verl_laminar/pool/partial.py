@@ -159,10 +159,15 @@ class PartialPool:
         wanted = self._activity if replicas is None else [int(r) for r in replicas]
         return {rid: now - self._activity[rid] for rid in wanted if rid in self._activity and rid in self._streamed}
 
-    def streamed_on(self, replica_id: int, min_tokens: int = 1) -> int:
-        """Open entries on the replica that hold at least ``min_tokens`` tokens (work a death now would leave in
-        the pool)."""
-        return sum(1 for t in self._entries.values() if t.replica_id == replica_id and len(t.tokens) >= min_tokens)
+    def streamed_on(self, replica_id: int, min_tokens: int = 1, groups: Optional[Iterable[str]] = None) -> int:
+        """Open entries on the replica still generating (not finished) that hold at least ``min_tokens`` tokens,
+        of ``groups`` only if given: work a death now would leave in the pool for a continuation. A finished entry
+        whose client has not closed it yet is no such work (a fault injected when only those were counted struck
+        before the moved groups' requests had streamed, and none continued from the pool)."""
+        wanted = None if groups is None else set(groups)
+        return sum(1 for t in self._entries.values()
+                   if t.replica_id == replica_id and len(t.tokens) >= min_tokens and not t.state.get(FINISHED)
+                   and (wanted is None or t.group_id in wanted))
 
     def tokens_since(self, since: float) -> int:
         """Tokens that reached the pool after Unix time ``since`` (in entries still open): what the replicas generated

@@ -269,7 +269,7 @@ class LaminarRouter(VerlBalancerProtocol):
     def open_groups_on(self, replica_id: int) -> int:
         return self._failover.open_groups_on(replica_id)
 
-    def movable_groups_on(self, replica_id: int) -> int:
+    def movable_groups_on(self, replica_id: int) -> list[str]:
         return self._failover.movable_groups_on(replica_id)
 
     def busy_replicas(self) -> list[int]:

@@ -127,14 +127,15 @@ class ReplicaFailover:
         return sorted(r.replica_id for r in self._host.state().replicas
                       if r.alive and self._replicas.inflight.get(r.replica_id, 0))
 
-    def movable_groups_on(self, replica_id: int) -> int:
-        """Of ``open_groups_on``, the groups a death now would move rather than lose: another live replica that is
-        not refreshing serves their version (fault injection waits for one to test the continuation)."""
+    def movable_groups_on(self, replica_id: int) -> list[str]:
+        """Of ``open_groups_on``, the groups a death now would move rather than lose (sorted ids): another live
+        replica that is not refreshing serves their version (fault injection waits for one to test the
+        continuation)."""
         state = self._host.state()
         served = {r.version for r in state.replicas
                   if r.alive and r.refreshing_to is None and r.replica_id != replica_id}
         open_ = set(state.replica(replica_id).open_groups) - self._groups.complete()
-        return sum(1 for g in open_ if state.pins[g].version in served)
+        return sorted(g for g in open_ if state.pins[g].version in served)
 
     def dead_replicas(self) -> list[int]:
         return sorted(r.replica_id for r in self._host.state().replicas if not r.alive)

@@ -120,8 +120,9 @@ class FaultInjector:
 
         if self._pool is None:
             return ray.get(self._router.open_groups_on.remote(replica_id)) > 0
-        return (ray.get(self._router.movable_groups_on.remote(replica_id)) > 0
-                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk)) >= 2
+        movable = ray.get(self._router.movable_groups_on.remote(replica_id))
+        return (bool(movable)  # two of their requests still generating, a whole chunk of each in the pool
+                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk, movable)) >= 2
                 and ray.get(self._pool.silence.remote([replica_id])).get(replica_id, STREAMING_WITHIN_S)
                 < STREAMING_WITHIN_S)
 
