@@ -41,12 +41,10 @@ KILL_AFTER = 2  # the trainer's kill (run 1)
 REPLICA_KILLED = 1
 REPLICA_KILL_AFTER = KILL_AFTER + 1  # the first step run 2 trains
 POOL_KILL_AFTER = REPLICA_KILL_AFTER + 2  # while the replacement starts
-# the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
 FAILOVER_OVERRIDES = (f"laminar.fault_injection.kill_replica={REPLICA_KILLED}",
                       f"laminar.fault_injection.kill_after_step={REPLICA_KILL_AFTER}",
                       "laminar.fault_injection.replica_fault=kill",
                       f"laminar.fault_injection.kill_pool_after_step={POOL_KILL_AFTER}",
-                      "laminar.pool.flush_tokens=8", "laminar.pool.flush_interval_s=0.2",
                       "laminar.heartbeat.dead_after_s=30",
                       f"laminar.run_until.events=[{','.join(RUN2_EVENTS)}]",
                       f"laminar.run_until.timeout_s={RUN2_TIMEOUT_S}")
@@ -82,8 +80,12 @@ class RestartRuns:
 
 
 def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
+    # the pool gets a chunk every 8 tokens or 0.2 s (both runs): a request killed mid-generation has tokens there,
+    # and the trainer's kill finds whole groups streaming before this 64-token workload's responses end (with the
+    # default 64 tokens or 1 s, a fast machine can finish a response before its first chunk)
     return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
-                           "trainer.resume_mode=auto",
+                           "trainer.resume_mode=auto", "laminar.pool.flush_tokens=8",
+                           "laminar.pool.flush_interval_s=0.2",
                            "laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={NAMESPACE}", *overrides,
                            steps=MAX_STEPS, resp=64)
 
