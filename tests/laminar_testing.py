@@ -135,3 +135,22 @@ def router_over(servers, groups_per_batch: int, **kwargs):
 
     handles = [ReplicaHandles(i, f"a{i}", ActorShell(s)) for i, s in by_id.items()]
     return LaminarRouter(handles, groups_per_batch, refresher=refresher, **kwargs), loads
+
+
+def release_inprocess_engine(llm) -> None:
+    """An engine built in the test runner's own process leaves its engine core, vLLM's gloo process groups (39
+    native threads) and a frozen garbage collector behind; none of that may reach the interpreter's shutdown,
+    which runs after pytest's summary. vLLM's own teardown: the engine core's shutdown, then its distributed
+    environment (unfreezes the collector, destroys the groups)."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    llm.llm_engine.engine_core.shutdown()
+    cleanup_dist_env_and_memory()
+    alive = [n for n in native_threads() if n.startswith(("gloo", "pt_gloo"))]
+    assert not alive, f"vLLM's process groups outlived the engine: {alive}"
+
+
+def native_threads() -> list:
+    from pathlib import Path
+
+    return [(t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir()]

@@ -2,6 +2,8 @@
 
 import pytest
 
+from laminar_testing import release_inprocess_engine
+
 pytestmark = pytest.mark.e2e  # starts a vLLM engine (~1-2 min on 2 cores)
 
 PROMPTS = [[5, 17, 42, 9], [100, 3, 77]]
@@ -42,6 +44,7 @@ def test_relay_version_loads_into_vllm(tmp_path, monkeypatch):
     base, trained = tiny_qwen2(0), tiny_qwen2(1)
     base.save_pretrained(tmp_path / "model")
     relay = Relay("local", root=str(tmp_path / "relay"))
+    llm = None
     try:
         stall = publish_tensors(Publisher(LocalHandle(relay)), 7, trained.state_dict().items())
         assert stall > 0 and relay.wait_version(7, 30)
@@ -66,3 +69,6 @@ def test_relay_version_loads_into_vllm(tmp_path, monkeypatch):
         assert after != before  # the load really changed what the engine serves
     finally:
         relay.close(destroy=True)
+        if llm is not None:
+            release_inprocess_engine(llm)
+

@@ -55,25 +55,30 @@ def test_an_aborted_request_leaves_vllms_engine_core(tiny_model_dir, monkeypatch
     from verl_laminar.rollout.engine_replica import EngineReplica
 
     prompt = {"prompt_token_ids": [11, 305, 77, 1024, 9, 4, 600, 31]}
+    # the aborted request asks for the longest response the model allows, so the abort lands mid-stream on any
+    # machine: with 300 tokens a fast Xeon finished it before the abort arrived ("Request ... not found")
+    long = 2000
 
     def params(n):
         return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False,
                               output_kind=RequestOutputKind.DELTA)
 
     async def main():
-        rep = EngineReplica(0, str(tiny_model_dir), kv_cache_bytes=4 << 20, max_num_seqs=8, max_model_len=384,
-                            dtype="float32")
+        rep = EngineReplica(0, str(tiny_model_dir), kv_cache_bytes=8 << 20, max_num_seqs=8, max_model_len=2048,
+                            dtype="float32")  # 2 KB of fp32 KV a token: 4,096 tokens of cache
         await rep.start()
         engine, outs = rep._engine, []
         try:
             async def consume():
-                async for o in engine.generate(prompt, params(300), "laminar-abort-me"):
+                async for o in engine.generate(prompt, params(long), "laminar-abort-me"):
                     outs.append(o)
 
             task = asyncio.create_task(consume())
             deadline = time.monotonic() + 60
             while sum(len(o.outputs[0].token_ids) for o in outs) < 4 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+            streamed = sum(len(o.outputs[0].token_ids) for o in outs)
+            assert 4 <= streamed < long, f"the request streamed {streamed} tokens in 60 s before the abort"
             res = await _server(engine).abort_request("laminar-abort-me", reset_prefix_cache=False)
             await asyncio.wait_for(task, 30)
             missing = await _server(engine).abort_request("laminar-never-was", reset_prefix_cache=False)
@@ -89,5 +94,5 @@ def test_an_aborted_request_leaves_vllms_engine_core(tiny_model_dir, monkeypatch
     assert res == {"aborted": True, "request_id": "laminar-abort-me"}, res
     assert missing["aborted"] is False, missing
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort", outs[-1]
-    assert sum(len(o.outputs[0].token_ids) for o in outs) < 300
+    assert sum(len(o.outputs[0].token_ids) for o in outs) < 2000
     assert running and max(running) == 1, running  # the aborted request no longer decodes beside it
