@@ -108,8 +108,10 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
         assert last["laminar/ft/pool_continued"] >= 1, last
         assert last["laminar/ft/pool_continued_tokens"] >= 8, last
         continued = re.findall(r"its replica died after (\d+) tokens; the response continues from the partial", log)
-        assert len(continued) == last["laminar/ft/pool_continued"], continued
-        assert sum(map(int, continued)) == last["laminar/ft/pool_continued_tokens"], continued
+        # every continuation the steps counted is in the log; the log may hold more: requests that continued after
+        # the last step's events were drained (a CI run logged 11 against the last step's 10)
+        assert len(continued) >= last["laminar/ft/pool_continued"], continued
+        assert sum(map(int, continued)) >= last["laminar/ft/pool_continued_tokens"], continued
     assert "partial-response pool 'laminar_partial_pool'" in log  # the trainer spawned it (or resumed with it)
     # whole groups, nothing trained twice (this process's steps)
     assert last["laminar/trajectories/trained"] == (steps - first + 1) * 8 * 4
