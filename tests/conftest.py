@@ -75,8 +75,27 @@ def _vllm_processes_of_this_run() -> dict[int, str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if env.get(RUN_MARK) == os.environ[RUN_MARK]:
-            out[p.pid] = f"{p.info['name']} (started by {env.get('PYTEST_CURRENT_TEST', '?')})"
+            out[p.pid] = f"{p.info['name']} (started by {env.get('PYTEST_CURRENT_TEST', '?')}; {_lineage(p)})"
     return out
+
+
+def _lineage(p) -> str:
+    """Why a process outlived its owner: its state, its parents up to init, and whether orphan guards still run
+    (``platform.orphan_guard`` ends a replica's engine processes once the replica's actor is gone)."""
+    import psutil
+
+    chain = []
+    try:
+        state = p.status()
+        for parent in p.parents()[:4]:
+            chain.append(f"{parent.pid} {parent.name()} {parent.status()}")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        state = "gone"
+    guards = 0
+    for q in psutil.process_iter(["cmdline"]):
+        if "verl_laminar.platform.orphan_guard" in " ".join(q.info["cmdline"] or ()):
+            guards += 1
+    return f"state {state}, parents [{'; '.join(chain) or 'none'}], orphan guards running: {guards}"
 
 
 @pytest.fixture(scope="module", autouse=True)

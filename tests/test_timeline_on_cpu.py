@@ -66,25 +66,23 @@ def test_torn_last_line_is_ignored_a_bad_middle_line_is_named(tmp_path):
 
 def test_router_times_convert_with_the_routers_own_clock_pair():
     """The router's monotonic clock has its own origin (another node): only its pair converts its times."""
-    events = {
-        "clock": (5000.0, 1_700_000_100.0),  # router clock 5000 s was Unix 1_700_000_100
-        "finished": [dict(key="g_0", group_id="g", replica_id=1, version=3, start_s=12.0, assigned_s=4990.0,
-                          finish_s=4995.0, prompt_tokens=30, response_tokens=64, n=4),
-                     dict(key="h_0", group_id="h", replica_id=0, version=3, start_s=None, finish_s=4999.0,
-                          prompt_tokens=30, response_tokens=8, n=4)],
-        "versions": [(1, 4, 4998.0, 4996.5, 3), (0, 4, 4999.5)],  # the old 3-tuple still reads
-        "started": [], "failures": [], "violations": [],
-    }
+    from verl_laminar.rollout.events import Finished, Loaded, RouterEvents
+
+    events = RouterEvents(
+        (5000.0, 1_700_000_100.0),  # router clock 5000 s was Unix 1_700_000_100
+        finished=(Finished("g_0", "g", 1, 3, 12.0, 4995.0, 4990.0, 30, 64, 4),
+                  Finished("h_0", "h", 0, 3, None, 4999.0, None, 30, 8, 4)),
+        loaded=(Loaded(1, 4, 4998.0, 4996.5, 3), Loaded(0, 4, 4999.5, 4999.5, 3)))
     got = tl.records_from_events(events)
     assert got == [
         tl.Trajectory(1, 3, 1_700_000_090.0, 1_700_000_095.0, 64, 30),  # assigned_s, not the worker's start_s
         tl.Trajectory(0, 3, 1_700_000_099.0, 1_700_000_099.0, 8, 30),  # no start known: a point at its end
         tl.Load(1, 3, 4, 1_700_000_096.5, 1_700_000_098.0),
-        tl.Load(0, -1, 4, 1_700_000_099.5, 1_700_000_099.5),
+        tl.Load(0, 3, 4, 1_700_000_099.5, 1_700_000_099.5),
     ]
     assert tl.RouterClock((10.0, 100.0)).wall(12.5) == 102.5
-    with pytest.raises(KeyError):
-        tl.records_from_events({"finished": []})  # no pair: no guessing
+    with pytest.raises(TypeError, match="clock"):
+        RouterEvents(finished=())  # no pair: no guessing
 
 
 def test_default_path_is_in_the_checkpoint_dir():

@@ -23,6 +23,8 @@ STALENESS_MAX = "laminar/staleness/max"
 STALENESS_MAX_ALL = "laminar/staleness/max_all"  # over the whole run
 STALENESS_COUNT = "laminar/staleness/count"
 STALENESS_HIST_PREFIX = "laminar/staleness/hist_"  # + k: trajectories with staleness k in this step
+# laminar.buffer.max_staleness: seconds the trainer waited before its publications for older groups (cumulative)
+STALENESS_BOUND_WAIT = "laminar/staleness/bound_wait_s"
 
 # throughput as the paper defines it: tokens of a step / time between two publications
 THROUGHPUT = "laminar/throughput_tokens_per_s"

@@ -23,7 +23,10 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Optional, Union
+
+if TYPE_CHECKING:
+    from verl_laminar.rollout.events import RouterEvents
 
 logger = logging.getLogger(__name__)
 
@@ -116,24 +119,19 @@ class RouterClock:
         return self.unix_s + (float(t) - self.router_s)
 
 
-def records_from_events(events: Mapping[str, Any]) -> list[Record]:
-    """Trajectory and load records from one ``drain_events`` answer (which must carry its ``clock`` pair)."""
-    clock = RouterClock(events["clock"])
+def records_from_events(events: RouterEvents) -> list[Record]:
+    """Trajectory and load records from one ``drain_events`` answer (``rollout.events.RouterEvents``)."""
+    clock = RouterClock(events.clock)
     out: list[Record] = []
-    for e in events.get("finished", ()):
-        end = e["finish_s"]
+    for e in events.finished:
         # the assignment is on the router's clock; start_s (the agent-loop worker's) only as a fallback
-        start = e.get("assigned_s")
-        if start is None:
-            start = e.get("start_s")
-        start = end if start is None else min(start, end)
-        out.append(Trajectory(int(e["replica_id"]), int(e["version"]), clock.wall(start), clock.wall(end),
-                              int(e["response_tokens"]), int(e["prompt_tokens"])))
-    for v in events.get("versions", ()):
-        replica, version, end = v[0], v[1], v[2]
-        start = v[3] if len(v) > 3 else end
-        before = v[4] if len(v) > 4 else -1
-        out.append(Load(int(replica), int(before), int(version), clock.wall(start), clock.wall(end)))
+        start = e.assigned_s if e.assigned_s is not None else e.start_s
+        start = e.finish_s if start is None else min(start, e.finish_s)
+        out.append(Trajectory(int(e.replica_id), int(e.version), clock.wall(start), clock.wall(e.finish_s),
+                              int(e.response_tokens), int(e.prompt_tokens)))
+    for v in events.loaded:
+        out.append(Load(int(v.replica_id), int(v.from_version), int(v.version), clock.wall(v.start_s),
+                        clock.wall(v.finish_s)))
     return out
 
 

@@ -80,7 +80,7 @@ BAD_VALUES = [
     ({"pool.flush_interval_s": 0}, "laminar.pool.flush_interval_s=0.0: must be > 0 seconds"),
     ({"heartbeat.interval_s": -1}, "laminar.heartbeat.interval_s=-1.0: must be > 0 seconds"),
     ({"heartbeat.dead_after_s": 0.5}, "laminar.heartbeat.dead_after_s=0.5: must be greater than laminar.heartbeat.interval_s=1.0"),
-    ({"buffer.max_staleness": -1}, "laminar.buffer.max_staleness=-1: must be null (unbounded"),
+    ({"buffer.max_staleness": -1}, "laminar.buffer.max_staleness=-1: must be null (measured, not bounded"),
     ({"metrics.staleness_histogram": 1}, "laminar.metrics.staleness_histogram=1: must be of type bool, got int"),
     ({"repack": "fast"}, "laminar.repack='fast': must be a mapping of options"),
     ({"fault_injection.kill_replica": -1}, "laminar.fault_injection.kill_replica=-1: must be null (no fault) or"),

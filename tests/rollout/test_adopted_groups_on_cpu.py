@@ -73,8 +73,9 @@ def test_an_adopted_group_is_answered_from_the_pool_on_no_replica():
         await asyncio.sleep(0)  # the client's close calls are not awaited
         assert len(pool) == 0  # read and closed
         ev = router.drain_events()
-        assert [(k, r, v) for k, _, r, v in ev["started"]] == [("g_0", ADOPTED_REPLICA, 0), ("g_1", ADOPTED_REPLICA, 0)]
-        assert [(e["replica_id"], e["version"], e["n"]) for e in ev["finished"]] == [(ADOPTED_REPLICA, 0, 1)] * 2
+        assert [(e.key, e.replica_id, e.version) for e in ev.started] == [("g_0", ADOPTED_REPLICA, 0),
+                                                                           ("g_1", ADOPTED_REPLICA, 0)]
+        assert [(e.replica_id, e.version, e.n) for e in ev.finished] == [(ADOPTED_REPLICA, 0, 1)] * 2
 
     asyncio.run(main())
 

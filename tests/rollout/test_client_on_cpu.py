@@ -230,9 +230,9 @@ def test_a_replica_answering_garbage_is_fenced_and_the_request_reruns_on_a_live_
         assert all(0 <= t < 8 for t in out.token_ids) and out.token_ids  # the live replica's answer
         assert len(bad.calls) == 1 and len(good.calls) == 1  # fenced after its first garbage answer: asked nothing again
         assert router.dead_replicas() == [0]
-        failures = router.drain_events()["failures"]
-        assert [f["replica_id"] for f in failures] == [0] and "fenced: " in failures[0]["error"]
-        assert [g for g, _ in failures[0]["moved"]] == ["g"]
+        failures = router.drain_events().failures
+        assert [f.replica_id for f in failures] == [0] and "fenced: " in failures[0].error
+        assert [g for g, _ in failures[0].moved] == ["g"]
 
     asyncio.run(main())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import MappingProxyType
 
+from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
@@ -52,8 +53,8 @@ class BareHost:
     def stop(self, error):
         self.stopped = error
 
-    def record(self, kind, event):
-        self.events.append((kind, event))
+    def record(self, event):
+        self.events.append(event)
 
 
 def _fleet(versions: dict, groups: dict, replacements: int = 0, sizes: int = 2):
@@ -74,8 +75,8 @@ def test_a_death_moves_open_groups_within_their_version_through_one_commit_and_r
     assert not host.s.replica(0).alive and host.s.pins["a"].replica_id == 1
     assert host.commits == 1 and host.pumps == 1 and host.stopped is None
     assert book.inflight[0] == 0 and book.requests[0] == set()  # a dead replica's requests are forgotten
-    kind, ev = host.events[0]
-    assert kind == "failures" and ev["moved"] == [["a", 1]] and ev["lost"] == [] and ev["replica_id"] == 0
+    ev = host.events[0]
+    assert isinstance(ev, ReplicaDied) and ev.moved == (("a", 1),) and ev.lost == () and ev.replica_id == 0
     fo.fail(0, "again")  # idempotent
     assert host.commits == 1 and len(host.events) == 1
     assert fo.dead_replicas() == [0] and fo.open_groups_on(1) == 2
@@ -84,7 +85,7 @@ def test_a_death_moves_open_groups_within_their_version_through_one_commit_and_r
 def test_without_a_live_replica_of_its_version_a_group_is_lost_and_the_last_death_stops_the_host():
     host, _, _, fo = _fleet({0: 3, 1: 4}, {"a": 0})
     fo.fail(0, "killed")
-    assert fo.lost == {"a"} and host.events[0][1]["lost"] == [("a", 2)]
+    assert fo.lost == {"a"} and host.events[0].lost == (("a", 2),)
     assert host.stopped is None  # replica 1 lives
     fo.fail(1, "killed")
     assert isinstance(host.stopped, RuntimeError) and "none is being replaced" in str(host.stopped)
@@ -106,7 +107,7 @@ def test_a_parked_group_waits_for_the_replacement_which_loads_its_version_and_ad
         await asyncio.wait_for(waiting, 1)
         assert host.s.pins["a"].replica_id == 2 and fo.parked == {} and not fo.loads_parked(2)
         assert host.s.replica(2).taken >= CFG.groups_per_batch  # it takes nothing else before "a" finishes
-        assert ("adopted", {"replica_id": 2, "version": 3, "groups": ["a"], "t": 5.0}) in host.events
+        assert ParkedAdopted(2, 3, ("a",), 5.0) in host.events
     asyncio.run(run())
 
 
@@ -117,6 +118,6 @@ def test_a_failed_replacement_loses_the_parked_groups_and_with_none_alive_stops_
         assert fo.parked == {3: {"a"}} and host.stopped is None  # waits: a replacement is coming
         fo.replacement_failed(0, "no resources")
         assert fo.lost == {"a"} and fo.parked == {} and isinstance(host.stopped, RuntimeError)
-        followup = [e for k, e in host.events if k == "failures" and e.get("followup")]
-        assert followup and followup[0]["lost"] == [("a", 2)]
+        followup = [e for e in host.events if isinstance(e, ReplicaDied) and e.followup]
+        assert followup and followup[0].lost == (("a", 2),)
     asyncio.run(run())

@@ -191,11 +191,11 @@ def test_a_dead_replicas_request_continues_from_its_streamed_tokens(with_pool):
         if with_pool:
             # the survivor got prompt + the tokens that reached the pool, and generated only the rest
             assert len(resumed) > 2 + 15 and resumed[:2] == [5, 6]
-            assert [(g, n) for g, _, n in events["continued"]] == [("g", len(resumed) - 2)]
+            assert [(c.group_id, c.tokens) for c in events.continued] == [("g", len(resumed) - 2)]
             await asyncio.sleep(0.01)  # the client's close is not awaited
             assert len(pool) == 0  # every piece's entry is closed
         else:
-            assert resumed == [5, 6] and events["continued"] == []
+            assert resumed == [5, 6] and events.continued == ()
         assert out.extra_fields.get(RECOVERED) is None  # the final output is the assembled response
 
     asyncio.run(main())
@@ -211,6 +211,6 @@ def test_a_response_the_engine_ended_is_not_extended_when_its_replica_dies_befor
         out = await client.generate("g-0", prompt_ids=[5, 6], sampling_params={"logprobs": True, "max_tokens": 30})
         assert out.token_ids == _expected([5, 6], 30) and out.stop_reason == "completed"
         assert servers[1 - pin.replica_id].prompts == []  # nothing ran again
-        assert [n for _, _, n in router.drain_events()["continued"]] == [30]
+        assert [c.tokens for c in router.drain_events().continued] == [30]
 
     asyncio.run(main())

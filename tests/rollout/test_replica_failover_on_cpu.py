@@ -52,9 +52,9 @@ def test_a_dead_replicas_group_moves_to_a_live_replica_of_its_version_and_reruns
         assert all(s.served == [] for s in [servers[victim]])
         ga_prompts = {("ga", 0), ("ga", 1)}
         assert ga_prompts <= {p for r, s in servers.items() if r != victim for p in s.served}
-        ev = router.drain_events()["failures"]
-        assert [(e["replica_id"], e["lost"]) for e in ev] == [(victim, [])]
-        assert [g for g, _ in ev[0]["moved"]] == ["ga"]
+        ev = router.drain_events().failures
+        assert [(e.replica_id, e.lost) for e in ev] == [(victim, ())]
+        assert [g for g, _ in ev[0].moved] == ["ga"]
         # the dead replica loads nothing more, takes nothing more; the others go on
         await router.on_publish(1)
         await asyncio.sleep(0.05)
@@ -83,8 +83,8 @@ def test_with_no_live_replica_on_its_version_the_group_is_lost_loudly():
         with pytest.raises(ReplicaLost):
             await client.generate("ga-1", prompt_ids=["ga", 1], sampling_params={})
         await router.finish_group("ga")
-        ev = router.drain_events()["failures"]
-        assert ev[0]["lost"] == [("ga", 2)] and ev[0]["moved"] == []
+        ev = router.drain_events().failures
+        assert ev[0].lost == (("ga", 2),) and ev[0].moved == ()
         pin2, outs = await _group(router, client, "gb")
         assert pin2.replica_id == 1 - pin.replica_id and {o.extra_fields["global_steps"] for o in outs} == {1}
 
@@ -99,7 +99,7 @@ def test_an_actor_error_from_a_live_replica_is_raised_not_failed_over():
         servers[pin.replica_id].hiccup = True
         with pytest.raises(RayActorError):
             await client.generate("ga-0", prompt_ids=["ga", 0], sampling_params={})
-        assert router.snapshot()["dead"] == [] and router.drain_events()["failures"] == []
+        assert router.snapshot()["dead"] == [] and router.drain_events().failures == ()
 
     asyncio.run(main())
 
@@ -222,8 +222,8 @@ def test_a_group_no_live_replica_serves_is_parked_for_the_replacement_which_load
         await asyncio.sleep(0.05)
         assert not req.done()  # parked: the request waits for the replacement instead of raising ReplicaLost
         assert relay.held == [0]  # every relay keeps version 0 readable meanwhile
-        ev = router.drain_events()["failures"]
-        assert ev[0]["parked"] == ["ga"] and ev[0]["lost"] == [] and ev[0]["moved"] == []
+        ev = router.drain_events().failures
+        assert ev[0].parked == ("ga",) and ev[0].lost == () and ev[0].moved == ()
         # a second request of the group (the other response) waits too
         req2 = asyncio.create_task(client.generate("ga-1", prompt_ids=["ga", 1], sampling_params={}))
         await asyncio.sleep(0.05)
@@ -234,8 +234,8 @@ def test_a_group_no_live_replica_serves_is_parked_for_the_replacement_which_load
         assert {o.extra_fields["global_steps"] for o in outs} == {0}  # one version for the whole group
         assert loads[-1] == (2, 0)  # the replacement's first load was the group's version, not the newest (1)
         assert set(servers[2].served) == {("ga", 0), ("ga", 1)}
-        adopted = router.drain_events()["adopted"]
-        assert [(a["replica_id"], a["version"], a["groups"]) for a in adopted] == [(2, 0, ["ga"])]
+        adopted = router.drain_events().adopted
+        assert [(a.replica_id, a.version, a.groups) for a in adopted] == [(2, 0, ("ga",))]
         # it takes no new group on the old version; once ga finishes it refreshes to the newest
         gb = asyncio.create_task(router.assign_group("gb", 1))
         await asyncio.sleep(0.05)
@@ -262,9 +262,9 @@ def test_parked_groups_are_lost_when_the_replacement_fails_or_the_relays_no_long
         with pytest.raises(ReplicaLost, match="no live replica serves version 0"):
             await asyncio.wait_for(req, 5.0)
         await router.finish_group("ga")
-        fails = router.drain_events()["failures"]
-        assert fails[0]["parked"] == ["ga"]
-        assert fails[-1]["followup"] and fails[-1]["lost"] == [("ga", 2)]
+        fails = router.drain_events().failures
+        assert fails[0].parked == ("ga",)
+        assert fails[-1].followup and fails[-1].lost == (("ga", 2),)
         await _await_until(router, lambda: relay.released == [0])
         await router.close()
 
@@ -280,7 +280,7 @@ def test_without_a_replacement_coming_a_group_is_lost_not_parked():
         servers[pin.replica_id].die()
         with pytest.raises(ReplicaLost):
             await asyncio.wait_for(req, 5.0)
-        assert relay.held == [] and router.drain_events()["failures"][0]["parked"] == []
+        assert relay.held == [] and router.drain_events().failures[0].parked == ()
 
     asyncio.run(main())
 

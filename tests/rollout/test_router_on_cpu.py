@@ -97,8 +97,8 @@ def test_replica_refreshes_only_when_its_own_batch_ends():
         nxt = await router.assign_group("g9", 2)
         assert (nxt.replica_id, nxt.version) == (0, 1)
         ev = router.drain_events()
-        assert (0, 1) in [(r, v) for r, v, *_ in ev["versions"]]
-        assert len(ev["started"]) == 10  # 5 groups x n=2
+        assert (0, 1) in [(e.replica_id, e.version) for e in ev.loaded]
+        assert len(ev.started) == 10  # 5 groups x n=2
 
     asyncio.run(main())
 
@@ -115,8 +115,8 @@ def test_groups_wait_when_every_batch_is_full_and_run_all_requests_on_one_versio
 
         results = await asyncio.gather(publisher(), *[run_group(router, f"g{i}") for i in range(12)])
         assert all(len(r) == 1 for r in results[1:])
-        finished = router.drain_events()["finished"]
-        assert len(finished) == 24 and all(e["n"] >= e["version"] for e in finished)
+        finished = router.drain_events().finished
+        assert len(finished) == 24 and all(e.n >= e.version for e in finished)
         assert router.get_total_inflight() == 0
 
     asyncio.run(main())
@@ -141,18 +141,21 @@ def test_events_carry_load_intervals_and_a_clock_pair_that_converts_another_node
         await asyncio.wait_for(router.assign_group("g2", 1), 5)  # after the refresh to version 1
         events = router.drain_events()
         t_after = time.time()
-        (load0, load1) = events["versions"]
-        assert (load0[0], load0[1], load0[4]) == (0, 0, -1) and (load1[1], load1[4]) == (1, 0)
-        assert all(v[3] + 0.04 <= v[2] for v in events["versions"])  # t0 .. t1 spans the 0.05 s load
-        assert abs(events["clock"][0] - (time.monotonic() + 1e6)) < 1.0
-        assert all(e["assigned_s"] is not None and e["assigned_s"] <= e["finish_s"] for e in events["finished"])
+        (load0, load1) = events.loaded
+        assert (load0.replica_id, load0.version, load0.from_version) == (0, 0, -1)
+        assert (load1.version, load1.from_version) == (1, 0)
+        assert all(v.start_s + 0.04 <= v.finish_s for v in events.loaded)  # t0 .. t1 spans the 0.05 s load
+        assert abs(events.clock[0] - (time.monotonic() + 1e6)) < 1.0
+        assert all(e.assigned_s is not None and e.assigned_s <= e.finish_s for e in events.finished)
         records = tl.records_from_events(events)
         assert [type(r).__name__ for r in records] == ["Trajectory", "Trajectory", "Load", "Load"]
         for r in records:
             assert t_before - 0.01 <= r.start <= r.end <= t_after + 0.01, r
         assert records[2].end <= records[0].start and records[1].end <= records[3].start
-        assert set(router.drain_events()) == {"started", "finished", "versions", "violations", "failures",
-                                              "continued", "adopted", "clock"}
+        from verl_laminar.rollout.events import RouterEvents
+
+        drained = router.drain_events()
+        assert type(drained) is RouterEvents and not (drained.started or drained.finished or drained.loaded)
 
     asyncio.run(main())
 
@@ -415,7 +418,7 @@ def test_a_replica_loads_the_newest_version_its_relay_holds_never_an_evicted_one
         a = await asyncio.wait_for(router.assign_group("g2", 1), 5)
         assert (a.version, server.version, loads) == (3, 3, [0, 3])
         assert router.versions() == {0: 3} and router._error is None
-        assert [(r, v) for r, v, *_ in router.drain_events()["versions"]] == [(0, 0), (0, 3)]
+        assert [(e.replica_id, e.version) for e in router.drain_events().loaded] == [(0, 0), (0, 3)]
 
     caplog.set_level(logging.INFO)
     asyncio.run(main())

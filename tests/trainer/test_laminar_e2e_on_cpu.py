@@ -11,7 +11,8 @@ fails). This test asserts:
 - the GPU smoke run's verdict on this run (exit 0, every step trained, each replica pulled a trained version on its
   own refresh, versions never go back, nothing left in /dev/shm);
 - every trained trajectory went through that check, and verl's own per-trajectory version span is 1 (all turns);
-- staleness is logged as a histogram; repack ran; the run leaves a timeline that the report draws;
+- staleness is logged as a histogram and stays within ``laminar.buffer.max_staleness=1``; repack ran; the run
+  leaves a timeline that the report draws;
 - every trajectory made a tool call and got the sandbox's real output back;
 - the relay group starts with ``laminar.relay.transport=mooncake`` (the restart runs use tcp): the key goes through
   verl's composed config, the typed section and the relay actor, whose Mooncake engine starts. On this one node the
@@ -51,6 +52,7 @@ pytestmark = [
 # replica pulls a new version only when its own batch ends, and in a CI run of 3 fixed steps one replica generated
 # version-0 trajectories until 94 s after version 1 was published, so the run ended before it loaded one
 MAX_STEPS, BATCH, GROUP = 8, 4, 4
+BOUND = 1  # laminar.buffer.max_staleness: this launch also checks the staleness bound (policy.bound)
 VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
 RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline); "steps": the steps it ran
 
@@ -64,7 +66,8 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
     before = shm_entries()
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
                            f"trainer.rollout_data_dir={out / 'rollouts'}",  # verl dumps every trained sample
-                           "laminar.relay.transport=mooncake", f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]"],
+                           "laminar.relay.transport=mooncake", f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]",
+                           f"laminar.buffer.max_staleness={BOUND}"],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
     (out / "laminar.log").write_text(log)  # a plain console log: the report reads *.log
@@ -103,6 +106,16 @@ def test_staleness_is_a_histogram_matching_the_count(laminar_run):
         assert hist, f"step {step}: no laminar/staleness/hist_* metric"
         assert sum(hist.values()) == m["laminar/staleness/count"] == BATCH * GROUP, (step, hist)
         assert m["laminar/staleness/max"] == max(int(STALENESS_HIST.match(k).group(1)) for k, v in hist.items() if v)
+
+
+def test_the_staleness_bound_holds_on_every_step_and_drops_nothing(laminar_run):
+    """laminar.buffer.max_staleness=1: no trained trajectory finished more than one version behind the trainer, by
+    admission and the trainer's wait (each step still trains its whole batch: test_every_step_trains...)."""
+    log, run, _ = laminar_run
+    assert f"staleness n - j is bounded to {BOUND} by laminar.buffer.max_staleness" in log
+    for step, m in run.steps.items():
+        assert m["laminar/staleness/max"] <= BOUND, (step, m["laminar/staleness/max"])
+        assert m["laminar/staleness/bound_wait_s"] >= 0.0, step
 
 
 def test_replicas_pull_trained_versions_on_their_own_refresh(laminar_run):

@@ -46,6 +46,31 @@ def test_prepare_config_aligns_verl_keys_with_laminar(recipe_cfg):
     assert cfg.data.train_batch_size == sep.parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
+def test_verls_staleness_threshold_is_replaced_at_its_default_and_refused_when_set(recipe_cfg, caplog):
+    """verl's max_off_policy_threshold drops trajectories by steps since submission; under Laminar the bound is
+    laminar.buffer.max_staleness. verl's default passes with a log line; a value a user set stops the run."""
+    cfg = recipe_cfg.copy()
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold == runtime.VERL_OFF_POLICY_DEFAULT  # verl's own default
+    with caplog.at_level("INFO", logger="verl_laminar.trainer.runtime"):
+        runtime.prepare_config(cfg)
+    assert "max_off_policy_threshold (8) is not used" in caplog.text
+    cfg = recipe_cfg.copy()
+    cfg.trainer.v1.sampler.max_off_policy_threshold = 3
+    with pytest.raises(ValueError, match=r"set laminar.buffer.max_staleness=2 .* remove trainer.v1.sampler"):
+        runtime.prepare_config(cfg)
+
+
+def test_verls_default_staleness_threshold_is_the_one_laminar_expects():
+    """Contract: the value Laminar reads as 'verl's default, not the user's' is verl's ppo_trainer.yaml default."""
+    from pathlib import Path
+
+    import verl
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/ppo_trainer.yaml")
+    assert OmegaConf.select(yaml, "trainer.v1.sampler.max_off_policy_threshold") == runtime.VERL_OFF_POLICY_DEFAULT
+
+
 def test_prepare_config_rejects_hybrid_engine_and_foreign_agent_loops(recipe_cfg):
     cfg = recipe_cfg.copy()
     cfg.actor_rollout_ref.hybrid_engine = True
@@ -165,13 +190,14 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
     from verl_laminar.policy.accounting import Accounting
     from verl_laminar.trainer import laminar_trainer as lt
 
-    events = {"started": [("ga_0", "ga", 0, 3), ("ga_1", "ga", 0, 3), ("gb_0", "gb", 0, 3)], "finished": [],
-              "versions": [], "violations": [], "continued": [], "clock": (0.0, 0.0),
-              "failures": [{"replica_id": 0, "t": 1.0, "error": "killed", "moved": [], "lost": [],
-                            "parked": ["ga", "gb"], "complete": []},
-                           {"replica_id": None, "t": 2.0, "error": "the replacement failed", "moved": [],
-                            "lost": [("gb", 1)], "parked": [], "complete": [], "followup": True}],
-              "adopted": [{"replica_id": 2, "version": 3, "groups": ["ga"], "t": 3.0}]}
+    from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied, RouterEvents, Started
+
+    events = RouterEvents(
+        (0.0, 0.0),
+        started=(Started("ga_0", "ga", 0, 3), Started("ga_1", "ga", 0, 3), Started("gb_0", "gb", 0, 3)),
+        failures=(ReplicaDied(0, 1.0, "killed", (), (), (), (), ("ga", "gb")),
+                  ReplicaDied(None, 2.0, "the replacement failed", (), (("gb", 1),), (), (), (), followup=True)),
+        adopted=(ParkedAdopted(2, 3, ("ga",), 3.0),))
 
     class Router:
         class drain_events:
@@ -184,6 +210,7 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
     t = lt.LaminarTrainer.__new__(lt.LaminarTrainer)
     t.router, t.accounting, t._timeline = Router(), Accounting(), None
     t._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
+    t._fleet = {"adopted": 0, "adopted_tokens": 0}
     t._apply_router_events()
     assert t._ft == {"failures": 1, "moved": 1, "parked": 2, "lost": 1, "continued": 0, "continued_tokens": 0}
     ledger = t.accounting.ledger

@@ -85,7 +85,7 @@ class BufferConfig(_Section):
         self._require(
             "max_staleness",
             self.max_staleness is None or self.max_staleness >= 0,
-            "must be null (unbounded, as the paper: staleness is measured, not bounded) or an integer >= 0",
+            "must be null (measured, not bounded, as in the paper) or an integer >= 0 (policy.bound)",
         )
 
 

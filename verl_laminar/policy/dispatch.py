@@ -136,11 +136,12 @@ def _newest_for(newest: Union[int, Mapping[int, int], None], replica_id: int) ->
 
 
 def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int, Mapping[int, int], None],
-                  cfg: DispatchConfig) -> DispatchPlan:
+                  cfg: DispatchConfig, floor: Optional[int] = None) -> DispatchPlan:
     """Refresh idle replicas that are behind, then hand queued groups (FIFO) to replicas with room.
 
     A group goes to the accepting replica with the newest version (fresher data), then the one that took
-    the fewest groups this batch (spread the load), then the lowest id (deterministic plans).
+    the fewest groups this batch (spread the load), then the lowest id (deterministic plans). ``floor``: a
+    replica serving an older version takes nothing (the staleness bound, ``policy.bound``).
     """
     if len(set(queue)) != len(queue):
         raise DispatchError(f"queue holds a group twice: {sorted(g for g in set(queue) if queue.count(g) > 1)}")
@@ -149,7 +150,8 @@ def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int,
         raise DispatchError(f"groups {pinned[:5]} are already assigned; finish_group them before re-queueing")
     refreshes = tuple(d for r in state.replicas if (d := decide_refresh(r, _newest_for(newest, r.replica_id))))
     refreshing = {d.replica_id for d in refreshes}
-    room = {r.replica_id: r for r in state.replicas if r.accepts(cfg) and r.replica_id not in refreshing}
+    room = {r.replica_id: r for r in state.replicas if r.accepts(cfg) and r.replica_id not in refreshing
+            and (floor is None or r.version >= floor)}
     taken = {rid: r.taken for rid, r in room.items()}
     assignments: list[Assignment] = []
     waiting: list[str] = []

@@ -70,11 +70,15 @@ class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             logger.info("group %s: the pool held %d pieces of it, not its whole responses at one version; generated "
                         "again", uid, claim["dropped"])
             claim = None
-        if claim is not None:
-            pin = await router.adopt_group.remote(uid, n, claim["version"])
+        pin = None if claim is None else await router.adopt_group.remote(uid, n, claim["version"])
+        if pin is not None:
             logger.info("group %s: %d responses (%d tokens) adopted from the pool at version %d", uid, n,
                         claim["tokens"], claim["version"])
         else:
+            if claim is not None:  # laminar.buffer.max_staleness (policy.bound)
+                logger.info("group %s: the pool's responses of version %d are older than the staleness bound "
+                            "allows; generated again", uid, claim["version"])
+                claim = None
             pin = await router.assign_group.remote(uid, n, validate)
         _START_S[uid] = time.monotonic()
         token = GROUP_PIN.set(pin)

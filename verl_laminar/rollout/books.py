@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from verl_laminar.policy.dispatch import RoutingError
+from verl_laminar.policy.adopt import ADOPTED_REPLICA
+from verl_laminar.policy.dispatch import Assignment, RoutingError
 
 UNLOADED = -1  # version of a replica before its first refresh: it takes no group until it has v0
 
@@ -80,6 +81,16 @@ class GroupBook:
     finished: dict[str, int] = field(default_factory=dict)  # responses finished (trajectory_finished calls)
     assigned_s: dict[str, float] = field(default_factory=dict)  # when it got its replica (oldest move first)
     validate: set[str] = field(default_factory=set)  # validation groups: not in the trainer's ledger
+    adopted: dict[str, Assignment] = field(default_factory=dict)  # answered from the pool, on no replica
+
+    def adopt(self, group_id: str, n: int, version: int, published: int, now: float) -> Assignment:
+        """Pin a re-issued group whose whole responses the pool holds (``policy.adopt``) to their version."""
+        if version > published:
+            raise RoutingError(f"group {group_id!r} adopted at version {version}, above the published {published}: "
+                               "a discarded branch's responses")
+        a = self.adopted[group_id] = Assignment(group_id, ADOPTED_REPLICA, int(version))
+        self.n[group_id], self.assigned_s[group_id] = int(n), now
+        return a
 
     def complete(self) -> set[str]:
         """Groups whose every response has been generated (still open while rewarded and stored)."""

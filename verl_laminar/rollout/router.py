@@ -21,8 +21,9 @@ A refresh (``rollout.refresh.VersionLoader``, given a narrow ``RefreshHost``: th
 host") waits until the replica's relay committed the version, with deadlines that scale with the version's size and
 the chain's length, and retries a failed wait; the router applies its outcome. verl's RequestLoadBalancer protocol:
 ``rollout.balancer``. A replica dies: ``rollout.router_failover.ReplicaFailover``, a component given a narrow
-``FailoverHost`` (the router's methods under "failover host") and the books it reads (``rollout.books``). ``bench.repack`` drives this same loop over its
-own engines (``bench.router_run``).
+``FailoverHost`` (the router's methods under "failover host") and the books it reads (``rollout.books``).
+``bench.repack`` drives this same loop over its own engines (``bench.router_run``). The staleness bound:
+``policy.bound`` (admission floor in ``_pump``, the trainer's ``hold_publish``).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ from verl_laminar.policy.dispatch import (
     plan_dispatch,
     route,
 )
-from verl_laminar.policy.adopt import ADOPTED_REPLICA
+from verl_laminar.policy.bound import StalenessBound
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
 from verl_laminar.rollout.balancer import VerlBalancerProtocol
 from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
+from verl_laminar.rollout.events import (Continued, EventLog, Finished, Loaded, RouterEvent, RouterEvents, Started,
+                                         Violation)
 from verl_laminar.rollout.refresh import LoaderSettings, VersionLoader, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
 from verl_laminar.rollout.repack_driver import RepackDriver, RepackSettings
@@ -71,7 +74,7 @@ class LaminarRouter(VerlBalancerProtocol):
                  relays: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
                  reader: Optional[Callable[[str], Any]] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1, replacements: int = 0) -> None:
+                 chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None) -> None:
         self._book = ReplicaBook.of(replicas, relays)  # handles, relays, requests in flight (rollout.books)
         self._groups = GroupBook()  # sizes, responses finished, assignment times, validation groups
         self._cfg = DispatchConfig(groups_per_batch)
@@ -84,11 +87,10 @@ class LaminarRouter(VerlBalancerProtocol):
         self._state = initial_state(self._book.handles, UNLOADED)
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
-        self._adopted: dict[str, Assignment] = {}  # adopt_group: answered from the pool, on no replica
         self._published: Optional[int] = None
+        self._bound, self._publishing = StalenessBound(max_staleness), None  # policy.bound; hold_publish's version
         self._tasks: set[asyncio.Task] = set()
-        self._events: dict[str, list] = {k: [] for k in ("started", "finished", "versions", "violations",
-                                                         "failures", "continued", "adopted")}
+        self._events = EventLog()  # typed events the trainer drains (rollout.events)
         # dead, parked, lost and fenced replicas and groups, replacements to come (rollout.router_failover)
         self._failover = ReplicaFailover(self, self._book, self._groups, self._cfg, replacements, clock)
         self._rollout_wait_s = 0.0
@@ -102,7 +104,7 @@ class LaminarRouter(VerlBalancerProtocol):
     async def on_publish(self, version: int) -> None:
         if self._published is not None and version <= self._published:
             raise ValueError(f"published version {version} is not newer than {self._published}")
-        self._published = int(version)
+        self._published, self._publishing = int(version), None
         self._pump()
         if self._repack is not None and self._repack.started:
             self.spawn(self._repack.round())  # Laminar repacks right after each publication too
@@ -125,6 +127,14 @@ class LaminarRouter(VerlBalancerProtocol):
             self._repack.start()
         return self.versions()
 
+    def hold_publish(self, version: int) -> list[tuple[str, int, int]]:
+        """The trainer is about to publish ``version``: from now on no group is admitted that would finish beyond the
+        staleness bound then; it publishes once this answers no open group (group, replica, version) that would."""
+        self._publishing = int(version) if self._bound.on else None
+        self._pump()
+        blocking = self._bound.blockers(self._state.pins, int(version), self._groups.validate)
+        return [(a.group_id, a.replica_id, a.version) for a in blocking]
+
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
         self._closed = True
@@ -134,11 +144,10 @@ class LaminarRouter(VerlBalancerProtocol):
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
-    def drain_events(self) -> dict[str, Any]:
-        """The events since the last drain, and ``clock``: (this router's clock now, Unix time now), so that the
+    def drain_events(self) -> RouterEvents:
+        """The events since the last drain, with ``clock``: (this router's clock now, Unix time now), so that the
         trainer, maybe on another node, can turn the events' router-clock times into wall-clock times."""
-        out, self._events = self._events, {k: [] for k in self._events}
-        return {**out, "clock": (self._clock(), time.time())}
+        return self._events.drain((self._clock(), time.time()))
 
     def versions(self) -> dict[int, int]:
         return self._state.versions()
@@ -168,22 +177,20 @@ class LaminarRouter(VerlBalancerProtocol):
         self._pump()
         return await fut
 
-    async def adopt_group(self, group_id: str, n: int, version: int) -> Assignment:
+    async def adopt_group(self, group_id: str, n: int, version: int) -> Optional[Assignment]:
         """A re-issued group whose whole responses a detached replica finished while the trainer was down
         (``policy.adopt``): pinned to their version on no replica; its sessions are answered from the pool."""
         self._raise_if_failed()
-        if group_id in self._waiters or group_id in self._state.pins or group_id in self._adopted:
+        if group_id in self._waiters or group_id in self._state.pins or group_id in self._groups.adopted:
             raise RoutingError(f"group {group_id!r} asked for a replica twice")
         while self._published is None:  # a resumed trainer's re-issued prompts may come before its first publication
             self._raise_if_failed()
             await asyncio.sleep(0.05)
-        if version > self._published:
-            raise RoutingError(f"group {group_id!r} adopted at version {version}, above the published "
-                               f"{self._published}: a discarded branch's responses")
-        a = self._adopted[group_id] = Assignment(group_id, ADOPTED_REPLICA, int(version))
-        self._groups.n[group_id] = int(n)
-        self._groups.assigned_s[group_id] = self._clock()
-        self._events["started"].extend((f"{group_id}_{i}", group_id, ADOPTED_REPLICA, a.version) for i in range(n))
+        if not self._bound.adoptable(version, self._published):
+            return None  # older than laminar.buffer.max_staleness allows: the caller generates it again
+        a = self._groups.adopt(group_id, n, version, self._published, self._clock())
+        for i in range(n):
+            self._events.add(Started(f"{group_id}_{i}", group_id, a.replica_id, a.version))
         return a
 
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
@@ -208,23 +215,19 @@ class LaminarRouter(VerlBalancerProtocol):
     async def trajectory_finished(self, key: str, group_id: str, prompt_tokens: int, response_tokens: int,
                                   start_s: Optional[float] = None) -> int:
         """Record one finished response; returns n, the trainer's latest published version."""
-        a = self._state.pins.get(group_id) or self._adopted.get(group_id)
+        a = self._state.pins.get(group_id) or self._groups.adopted.get(group_id)
         if a is None:
             raise RoutingError(f"trajectory {key!r} finished for group {group_id!r}, which is not assigned")
         n = int(self._published)
         self._groups.finished[group_id] = self._groups.finished.get(group_id, 0) + 1
         if group_id not in self._groups.validate:
-            self._events["finished"].append(dict(key=key, group_id=group_id, replica_id=a.replica_id,
-                                                 version=a.version, start_s=start_s, finish_s=self._clock(),
-                                                 # start_s is the agent-loop worker's clock (maybe another
-                                                 # node); the group's assignment is on this router's clock
-                                                 assigned_s=self._groups.assigned_s.get(group_id),
-                                                 prompt_tokens=int(prompt_tokens),
-                                                 response_tokens=int(response_tokens), n=n))
+            self._events.add(Finished(key, group_id, a.replica_id, a.version, start_s, self._clock(),
+                                      self._groups.assigned_s.get(group_id), int(prompt_tokens),
+                                      int(response_tokens), n))
         return n
 
     async def finish_group(self, group_id: str) -> None:
-        adopted = self._adopted.pop(group_id, None) is not None
+        adopted = self._groups.adopted.pop(group_id, None) is not None
         self._state, ended = (self._state, False) if adopted else finish_group(self._state, group_id)
         self._groups.forget(group_id)
         self._failover.group_finished(group_id)  # lost, or parked while its requests all gave up
@@ -233,7 +236,7 @@ class LaminarRouter(VerlBalancerProtocol):
 
     async def report_violation(self, message: str) -> None:
         logger.error("invariant violation reported by a rollout worker: %s", message)
-        self._events["violations"].append(message)
+        self._events.add(Violation(message))
 
     def servers(self) -> list[str]:
         return list(self._book.by_address)
@@ -255,7 +258,7 @@ class LaminarRouter(VerlBalancerProtocol):
     def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
         """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
         partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
-        self._events["continued"].append((group_id, request_id, int(tokens)))
+        self._events.add(Continued(group_id, request_id, int(tokens)))
 
     def add_replica(self, replica: ReplicaHandles, relay: Any = None, replaces: Optional[int] = None) -> None:
         self._failover.add_replica(replica, relay, replaces)
@@ -327,10 +330,8 @@ class LaminarRouter(VerlBalancerProtocol):
         self._failover.adopt_parked(d.replica_id, loaded)  # groups of a dead replica waiting for this version
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
-        # (replica, version, finished, started, previous version): the first three are what the ledger needs,
-        # the last two give the report's timeline the whole load interval (t0 includes the drain and the wait
-        # for the relay: the replica serves nothing from t0 on)
-        self._events["versions"].append((d.replica_id, loaded, t1, t0, d.from_version))
+        # t0 includes the drain and the wait for the relay: the replica serves nothing from t0 on
+        self._events.add(Loaded(d.replica_id, loaded, t1, t0, d.from_version))
         logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, loaded, t1 - t0)
         self._pump()
 
@@ -373,8 +374,8 @@ class LaminarRouter(VerlBalancerProtocol):
     def failure(self) -> Optional[str]:
         return None if self._error is None else repr(self._error)
 
-    def record(self, kind: str, event: Any) -> None:
-        self._events[kind].append(event)
+    def record(self, event: RouterEvent) -> None:
+        self._events.add(event)
 
     # ---- planning ----
     def _raise_if_failed(self) -> None:
@@ -385,7 +386,8 @@ class LaminarRouter(VerlBalancerProtocol):
         self._failover.sync_holds()  # the relays keep what a death would need (rollout.holds)
         if self._published is None or self._closed or self._error is not None:
             return  # nothing published yet (replicas hold no weights), shutting down, or stopped
-        plan = plan_dispatch(self._state, self._queue, self._published, self._cfg)
+        floor = self._bound.floor(self._published, self._publishing)
+        plan = plan_dispatch(self._state, self._queue, self._published, self._cfg, floor)
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)
         for d in plan.refreshes:
@@ -394,5 +396,5 @@ class LaminarRouter(VerlBalancerProtocol):
             self._groups.assigned_s[a.group_id] = self._clock()
             if a.group_id not in self._groups.validate:
                 for i in range(self._groups.n[a.group_id]):
-                    self._events["started"].append((f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
+                    self._events.add(Started(f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
             self._waiters.pop(a.group_id).set_result(a)

@@ -37,6 +37,7 @@ from verl_laminar.policy.dispatch import add_replica, apply_plan, close_batch, m
 from verl_laminar.policy.holds import versions_to_hold
 from verl_laminar.policy.replica_loss import fail_replica
 from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
+from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied, RouterEvent
 from verl_laminar.rollout.holds import RelayHolds
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class FailoverHost(Protocol):
     def spawn(self, coro: Any) -> None: ...  # a task the router awaits at close
     def pump(self) -> None: ...  # re-plan the dispatch
     def stop(self, error: BaseException) -> None: ...  # the router stops: waiting and later calls raise it
-    def record(self, kind: str, event: Any) -> None: ...  # one of the router's drained events
+    def record(self, event: RouterEvent) -> None: ...  # one of the router's drained events (rollout.events)
 
 
 class ReplicaFailover:
@@ -215,12 +216,10 @@ class ReplicaFailover:
         self.lost.update(loss.lost)
         self._loading_parked.pop(replica_id, None)  # a replacement that died loading a parked version
         self._replicas.forget_requests(replica_id)
-        self._host.record("failures", {"replica_id": replica_id, "t": self._clock(), "error": error,
-                                       "moved": [list(m) for m in loss.moved],
-                                       # validation groups are not in the trainer's ledger: listed apart
-                                       "lost": self._groups.sized(loss.lost),
-                                       "lost_validation": self._groups.validation(loss.lost),
-                                       "complete": list(loss.complete), "parked": list(loss.parked)})
+        # validation groups are not in the trainer's ledger: listed apart
+        self._host.record(ReplicaDied(replica_id, self._clock(), error, tuple(tuple(m) for m in loss.moved),
+                                      tuple(self._groups.sized(loss.lost)), tuple(self._groups.validation(loss.lost)),
+                                      tuple(loss.complete), tuple(loss.parked)))
         logger.error("replica %d died (%s): %d open groups moved to live replicas of their version %s, %d lost %s, "
                      "%d parked for its replacement %s, %d already fully generated %s", replica_id, error,
                      len(loss.moved), dict(loss.moved), len(loss.lost), list(loss.lost), len(loss.parked),
@@ -276,8 +275,7 @@ class ReplicaFailover:
         self._host.commit(state)
         for g in groups:
             self.park_futs.pop(g).set_result(None)
-        self._host.record("adopted", {"replica_id": replica_id, "version": version, "groups": groups,
-                                      "t": self._clock()})
+        self._host.record(ParkedAdopted(replica_id, version, tuple(groups), self._clock()))
         logger.warning("replica %d serves version %d: it adopts the %d groups parked on it %s", replica_id, version,
                        len(groups), groups)
 
@@ -289,10 +287,8 @@ class ReplicaFailover:
         for g in groups:
             self.park_futs.pop(g).set_result(None)
         # a follow-up of the death that parked them (not a second death)
-        self._host.record("failures", {"replica_id": None, "t": self._clock(), "error": why, "moved": [],
-                                       "lost": self._groups.sized(groups),
-                                       "lost_validation": self._groups.validation(groups),
-                                       "complete": [], "parked": [], "followup": True})
+        self._host.record(ReplicaDied(None, self._clock(), why, (), tuple(self._groups.sized(groups)),
+                                      tuple(self._groups.validation(groups)), (), (), followup=True))
         logger.error("the %d groups parked on version %d are lost: %s", len(groups), version, why)
 
     def _lose_unserved(self, why: str, every: bool = False) -> None:

@@ -27,10 +27,11 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 from verl_laminar import metrics as lm
 from verl_laminar import timeline as tl
-from verl_laminar.policy.accounting import Accounting, InvariantViolation, TrajectoryRecord
+from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
-from verl_laminar.trainer import runtime, until
+from verl_laminar.trainer import bound, runtime, until
+from verl_laminar.trainer.events import apply_router_events
 
 logger = logging.getLogger(__name__)
 apply_verl_bug_patches()  # our base, verl's separate_async, crashes at start-up without it (patches/README.md)
@@ -69,6 +70,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
         self._uids = StableUids() if self.laminar.fleet.detached else None
         self._started_s, self._until, self._shut = time.monotonic(), None, False  # laminar.run_until
+        self._bound_wait_s = 0.0  # laminar.buffer.max_staleness: time spent before publications (trainer.bound)
         super().__init__(config)
 
     # ---- construction ----
@@ -136,7 +138,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                    repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
-                                   else 0)
+                                   else 0, max_staleness=self.laminar.buffer.max_staleness)
         from verl_laminar.trainer.hang import ReplicaKiller, start_hang_watch
         from verl_laminar.trainer.replace import start_replacement
 
@@ -256,6 +258,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self.prev_step_profile:
             self._stop_rollout_profiling()
         self._faults.land_armed()  # a replica fault armed after the previous step strikes before this publication
+        self._bound_wait_s += bound.wait_to_publish(self.router, int(self.global_steps),
+                                                    self.laminar.buffer.max_staleness, self._rollouts_run)
         self._pending_sync_metrics = self._publish(int(self.global_steps))
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
         self._faults.strike(int(self.global_steps))  # laminar.fault_injection (testing only)
@@ -270,46 +274,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.accounting.trainer_wait.end("trainer", time.monotonic())
 
     def _apply_router_events(self) -> dict:
-        events = ray.get(self.router.drain_events.remote())
-        if events["violations"]:
-            raise InvariantViolation(f"{len(events['violations'])} rollout invariant violations, first: "
-                                     f"{events['violations'][0]}")
-        ledger = self.accounting.ledger
-        for key, group_id, replica_id, version in events["started"]:
-            ledger.start(key, group_id, replica_id, version)
-        for e in events["finished"]:
-            if e["replica_id"] == ADOPTED_REPLICA:  # generated while the previous trainer was down (policy.adopt)
-                self._fleet["adopted"] += 1
-                self._fleet["adopted_tokens"] += e["response_tokens"]
-            start = e["start_s"] if e["start_s"] is not None else e["finish_s"]
-            ledger.finish(TrajectoryRecord(e["key"], e["group_id"], e["replica_id"], e["version"],
-                                           min(start, e["finish_s"]), e["finish_s"], e["prompt_tokens"],
-                                           e["response_tokens"], e["n"]))
-        for f in events["failures"]:
-            self._ft["failures"] += 0 if f.get("followup") else 1  # a follow-up: parked groups lost later
-            self._ft["moved"] += len(f["moved"])
-            self._ft["parked"] += len(f.get("parked", ()))
-            self._ft["lost"] += len(f["lost"])
-            for group_id, n in f["lost"]:
-                # verl fails the group and refills the batch: its trajectories are dropped, not lost
-                for i in range(n):
-                    ledger.discard(f"{group_id}_{i}", f"replica {f['replica_id']} died")
-            logger.error("laminar: replica %s died (%s); groups moved %s, lost %s, parked for its replacement %s",
-                         f["replica_id"], f["error"], f["moved"], f["lost"], f.get("parked", []))
-        for a in events.get("adopted", ()):
-            self._ft["moved"] += len(a["groups"])
-            logger.warning("laminar: replica %d loaded version %d for the %d groups parked on it: they continue there",
-                           a["replica_id"], a["version"], len(a["groups"]))
-        for group_id, request_id, tokens in events.get("continued", ()):
-            self._ft["continued"] += 1
-            self._ft["continued_tokens"] += tokens
-            logger.warning("laminar: request %s of group %s continued from the pool after %d tokens", request_id,
-                           group_id, tokens)
-        for replica_id, version, t, *_ in events["versions"]:
-            self.accounting.replicas.record(replica_id, version, t)
-            logger.info("laminar: replica %d loaded version %d", replica_id, version)
-        if self._timeline is not None:
-            self._timeline.write(tl.records_from_events(events))
+        events = ray.get(self.router.drain_events.remote())  # rollout.events.RouterEvents
+        apply_router_events(events, self.accounting, self._ft, self._fleet, self._timeline)
         return ray.get(self.router.snapshot.remote())
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -335,6 +301,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FLEET_ADOPTED: float(self._fleet["adopted"]),
                     lm.FLEET_ADOPTED_TOKENS: float(self._fleet["adopted_tokens"]),
                     lm.FLEET_ADOPTED_TRAINED: float(self._fleet["adopted_trained"]),
+                    lm.STALENESS_BOUND_WAIT: float(self._bound_wait_s),
                     lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
                     **self._replacement_metrics(),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})

@@ -92,9 +92,28 @@ def prepare_config(config: DictConfig) -> Any:
         for key in ("parameter_sync_step", "num_warmup_batches"):
             value = OmegaConf.select(config, f"trainer.v1.laminar.{key}")
             OmegaConf.update(config, f"trainer.v1.separate_async.{key}", value, force_add=True)
-        # verl's staleness bound counts steps since submission and would drop or block; Laminar measures n - j
-        OmegaConf.update(config, "trainer.v1.sampler.max_off_policy_threshold", None, force_add=True)
+        check_off_policy_threshold(config, lam.buffer.max_staleness)
+        # verl's bound counts steps since submission and drops; Laminar bounds n - j itself (policy.bound)
+        OmegaConf.update(config, OFF_POLICY_KEY, None, force_add=True)
     return lam
+
+
+OFF_POLICY_KEY = "trainer.v1.sampler.max_off_policy_threshold"
+VERL_OFF_POLICY_DEFAULT = 8  # verl's trainer/config/ppo_trainer.yaml (a contract test pins it)
+
+
+def check_off_policy_threshold(config: DictConfig, max_staleness: Optional[int]) -> None:
+    """verl's staleness bound drops a trajectory once ``global_steps - submitted + 1 > threshold``; under Laminar
+    the bound is ``laminar.buffer.max_staleness`` (admission and the trainer's wait: nothing finished is dropped).
+    verl's default passes with a log line; any other value a user set stops the run, naming the Laminar key."""
+    value = OmegaConf.select(config, OFF_POLICY_KEY, default=None)
+    if value is None or int(value) == VERL_OFF_POLICY_DEFAULT:
+        logger.info("laminar: %s (%s) is not used; staleness n - j is %s by laminar.buffer.max_staleness",
+                    OFF_POLICY_KEY, value, "unbounded" if max_staleness is None else f"bounded to {max_staleness}")
+        return
+    raise ValueError(f"{OFF_POLICY_KEY}={value}: under +laminar=enabled the staleness bound is "
+                     f"laminar.buffer.max_staleness (set laminar.buffer.max_staleness={max(int(value) - 1, 0)} for "
+                     f"about the same bound, without dropping finished trajectories) and remove {OFF_POLICY_KEY}")
 
 
 def groups_per_batch(config: DictConfig, replicas: int) -> int:
