@@ -7,9 +7,9 @@ import dataclasses
 import re
 
 import pytest
-from laminar_testing import REPO, run_py
 from omegaconf import OmegaConf
 
+from laminar_testing import REPO, run_py
 from verl_laminar.config import LaminarConfig, LaminarConfigError, resolve_replicas, validate_and_migrate
 
 ENABLED = REPO / "verl_laminar" / "config" / "laminar" / "enabled.yaml"

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from laminar_testing import run_py
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from laminar_testing import run_py
 from verl_laminar.data import toy_math_path
 from verl_laminar.trainer import runtime
 

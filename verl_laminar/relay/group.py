@@ -289,7 +289,6 @@ class RelayGroup:
         """Stop the monitor and every relay (their stores removed when ``destroy``)."""
         import ray
         from ray.exceptions import RayActorError
-
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._stop.set()

@@ -32,6 +32,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
+from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
@@ -47,7 +48,6 @@ from verl_laminar.policy.dispatch import (
     plan_dispatch,
     route,
 )
-from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
 from verl_laminar.rollout.balancer import VerlBalancerProtocol
