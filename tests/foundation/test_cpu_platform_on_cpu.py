@@ -49,10 +49,13 @@ def test_device_module_answers_what_verl_asks():
     assert 0 < free <= total
     assert m.memory_allocated() == 0 and m.empty_cache() is None
     start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
-    start.record(); end.record()
+    start.record()
+    end.record()
     assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
     state = m.get_rng_state()
-    a = torch.rand(3); m.set_rng_state(state); b = torch.rand(3)
+    a = torch.rand(3)
+    m.set_rng_state(state)
+    b = torch.rand(3)
     assert torch.equal(a, b)
     assert torch.zeros(2).to(PlatformCPU().current_device()).device.type == "cpu"
 
