@@ -36,7 +36,7 @@ from verl_laminar.policy.chain import (
     rebuild_chain,
 )
 from verl_laminar.relay.store import KEEP_VERSIONS
-from verl_laminar.relay.transport import TransportSpec
+from verl_laminar.relay.transport_spec import TransportSpec
 
 logger = logging.getLogger(__name__)
 
