@@ -94,7 +94,8 @@ def test_refused_platform_fails_at_first_use(monkeypatch):
     from verl_laminar.patches import PatchVersionError
     from verl_laminar.platform import cpu
 
-    monkeypatch.setattr(cpu, "_REFUSAL", "The CPU platform needs verl 0.9.1, but verl 0.9.2 is installed")
+    message = "The CPU platform needs verl 0.9.1, but verl 0.9.2 is installed"
+    monkeypatch.setattr(cpu, "_REFUSAL", (PatchVersionError, message))
     p = cpu.PlatformCPU()  # constructing and probing it stay quiet: verl's detection must reach it
     assert p.is_platform_available() in (True, False)
     for use in (lambda: p.device_name, p.is_available):
