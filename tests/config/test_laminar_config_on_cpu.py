@@ -7,9 +7,9 @@ import dataclasses
 import re
 
 import pytest
-from laminar_testing import REPO, run_py
 from omegaconf import OmegaConf
 
+from laminar_testing import REPO, run_py
 from verl_laminar.config import LaminarConfig, LaminarConfigError, resolve_replicas, validate_and_migrate
 
 ENABLED = REPO / "verl_laminar" / "config" / "laminar" / "enabled.yaml"
@@ -117,7 +117,7 @@ def test_unknown_keys_are_rejected_with_the_valid_ones(overrides, unknown, valid
 
 
 def test_transport_spec_carries_transport_protocol_and_device():
-    from verl_laminar.relay.transport import TransportSpec
+    from verl_laminar.relay.transport_spec import TransportSpec
 
     assert LaminarConfig().relay.transport_spec() == TransportSpec("tcp")
     relay = build(**{"relay.transport": "mooncake", "relay.protocol": "rdma", "relay.device": "mlx5_0,mlx5_1",

@@ -49,10 +49,13 @@ def test_device_module_answers_what_verl_asks():
     assert 0 < free <= total
     assert m.memory_allocated() == 0 and m.empty_cache() is None
     start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
-    start.record(); end.record()
+    start.record()
+    end.record()
     assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
     state = m.get_rng_state()
-    a = torch.rand(3); m.set_rng_state(state); b = torch.rand(3)
+    a = torch.rand(3)
+    m.set_rng_state(state)
+    b = torch.rand(3)
     assert torch.equal(a, b)
     assert torch.zeros(2).to(PlatformCPU().current_device()).device.type == "cpu"
 
@@ -91,7 +94,8 @@ def test_refused_platform_fails_at_first_use(monkeypatch):
     from verl_laminar.patches import PatchVersionError
     from verl_laminar.platform import cpu
 
-    monkeypatch.setattr(cpu, "_REFUSAL", "The CPU platform needs verl 0.9.1, but verl 0.9.2 is installed")
+    message = "The CPU platform needs verl 0.9.1, but verl 0.9.2 is installed"
+    monkeypatch.setattr(cpu, "_REFUSAL", (PatchVersionError, message))
     p = cpu.PlatformCPU()  # constructing and probing it stay quiet: verl's detection must reach it
     assert p.is_platform_available() in (True, False)
     for use in (lambda: p.device_name, p.is_available):

@@ -152,6 +152,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     import verl_laminar.plugin  # noqa: F401  (what `import verl` loads in every process; explicit here)
+
+    # isort: split
+    # verl's receiver is read after the plugin's import, as a process that imports verl sees it
     from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as ext
 
     assert getattr(ext.update_weights_from_ipc, "_laminar_layerwise", False), "patch not applied"

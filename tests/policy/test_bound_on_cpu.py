@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verl_laminar.policy.bound import StalenessBound
-from verl_laminar.policy.dispatch import Assignment, DispatchConfig, ReplicaState, DispatchState, plan_dispatch
+from verl_laminar.policy.dispatch import Assignment, DispatchConfig, DispatchState, ReplicaState, plan_dispatch
 
 
 def test_unbounded_admits_everything_and_waits_for_nothing():

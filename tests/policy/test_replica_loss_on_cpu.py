@@ -96,8 +96,15 @@ def test_with_a_replacement_coming_a_group_no_live_replica_serves_is_parked_on_i
 
 
 def test_a_replica_that_adopts_parked_groups_closes_its_batch_then_refreshes_when_they_finish():
-    from verl_laminar.policy.dispatch import add_replica, close_batch, complete_refresh, move_group
-    from verl_laminar.policy.dispatch import DispatchPlan, RefreshDecision, apply_plan
+    from verl_laminar.policy.dispatch import (
+        DispatchPlan,
+        RefreshDecision,
+        add_replica,
+        apply_plan,
+        close_batch,
+        complete_refresh,
+        move_group,
+    )
 
     state = state_with({0: 3, 1: 4}, {"a": 0})
     state, loss = fail_replica(state, 0, {"a": 2}, {}, {}, now_s=1.0, park=True)

@@ -6,8 +6,8 @@ import pytest
 from verl_laminar.policy.chain import chain_time, t_model
 from verl_laminar.policy.timeouts import (
     RefreshSettings,
-    arrival_mark,
     TimeoutPolicyError,
+    arrival_mark,
     broadcast_time_s,
     chunk_count,
     load_time_s,

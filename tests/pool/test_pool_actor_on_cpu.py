@@ -6,7 +6,6 @@ import os
 import time
 
 import pytest
-
 import ray  # noqa: E402
 
 

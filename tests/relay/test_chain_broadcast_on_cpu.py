@@ -15,7 +15,8 @@ from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.relay import Relay
 from verl_laminar.relay.store import VersionGoneError
 from verl_laminar.relay.tensors import publish_tensors, read_tensors
-from verl_laminar.relay.transport import Frame, Kind, TcpTransport, TransportSpec
+from verl_laminar.relay.transport import Frame, Kind, TcpTransport
+from verl_laminar.relay.transport_spec import TransportSpec
 
 
 @pytest.fixture(params=["tcp", "mooncake"])

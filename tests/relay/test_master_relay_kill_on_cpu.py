@@ -9,13 +9,13 @@ import time
 import uuid
 
 import pytest
+import ray  # noqa: E402
 import torch
 
-import ray  # noqa: E402
 pytestmark = pytest.mark.e2e  # a local Ray cluster starts in ~20-40 s on 2 cores
 
 from verl_laminar.relay.group import RelayGroup  # noqa: E402
-from verl_laminar.relay.transport import TransportSpec  # noqa: E402
+from verl_laminar.relay.transport_spec import TransportSpec  # noqa: E402
 from verl_laminar.relay.verl_backend import RelayCheckpointEngine  # noqa: E402
 
 GROUP = "mastertest_group"

@@ -12,8 +12,14 @@ from verl_laminar.relay import publish as publish_mod
 from verl_laminar.relay import tensors as tensors_mod
 from verl_laminar.relay.publish import LocalHandle, Publisher, WarmBuffer, pin_mapping
 from verl_laminar.relay.relay import Relay
-from verl_laminar.relay.tensors import (VersionWriter, copy_is_async, publish_tensors, read_tensors,
-                                        resolve_dtype, stored_dtype)
+from verl_laminar.relay.tensors import (
+    VersionWriter,
+    copy_is_async,
+    publish_tensors,
+    read_tensors,
+    resolve_dtype,
+    stored_dtype,
+)
 from verl_laminar.relay.verl_backend import RelayCheckpointEngine
 
 

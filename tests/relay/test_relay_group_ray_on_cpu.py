@@ -5,9 +5,9 @@ import time
 import uuid
 
 import pytest
+import ray  # noqa: E402
 import torch
 
-import ray  # noqa: E402
 pytestmark = pytest.mark.e2e  # a local Ray cluster starts in ~20-40 s on 2 cores
 
 from verl_laminar.relay.group import RelayGroup  # noqa: E402

@@ -19,7 +19,7 @@ from verl_laminar.relay.client import RelayClient
 from verl_laminar.relay.netns import NetnsTestbed
 from verl_laminar.relay.publish import publish_bytes
 from verl_laminar.relay.serve import RelayProcess
-from verl_laminar.relay.transport import TransportSpec
+from verl_laminar.relay.transport_spec import TransportSpec
 
 MB = 1 << 20
 

@@ -17,9 +17,9 @@ from verl_laminar.policy.chain import (
     DEFAULT_CHUNK_LATENCY_S,
     DEFAULT_LINK_BYTES_PER_S,
     MAX_CHUNKS,
-    MiB,
     ChainPlan,
     ChainPlanError,
+    MiB,
     best_chunks,
     broadcast_chunks,
 )

@@ -10,7 +10,8 @@ import pytest
 
 from verl_laminar.relay.manifest import VersionManifest, crc32
 from verl_laminar.relay.relay import Relay
-from verl_laminar.relay.transport import PLACED, Frame, Kind, TcpTransport, TransportError, TransportSpec
+from verl_laminar.relay.transport import PLACED, Frame, Kind, TcpTransport, TransportError
+from verl_laminar.relay.transport_spec import TransportSpec
 
 TRANSPORTS = ["tcp", "mooncake"]
 

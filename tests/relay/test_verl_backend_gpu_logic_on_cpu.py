@@ -21,8 +21,12 @@ from verl_laminar.relay import verl_backend
 from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.relay import Relay
 from verl_laminar.relay.tensors import publish_tensors, read_tensors
-from verl_laminar.relay.verl_backend import (BucketTooSmallError, RelayCheckpointEngine, check_bucket_fits,
-                                             transport_device)
+from verl_laminar.relay.verl_backend import (
+    BucketTooSmallError,
+    RelayCheckpointEngine,
+    check_bucket_fits,
+    transport_device,
+)
 
 BUCKET = 4096  # bytes; stands for update_weights_bucket_megabytes << 20 (the same value reaches both sides)
 

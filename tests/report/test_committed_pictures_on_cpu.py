@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from laminar_testing import REPO
 from matplotlib.image import imread
 
+from laminar_testing import REPO
 from verl_laminar.report import png_text, write_report
 
 RESULTS = REPO / "docs" / "results"

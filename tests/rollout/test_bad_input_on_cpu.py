@@ -1,4 +1,5 @@
-"""Pure bad-input checks of the rollout: overlong prompts and garbage replica output, one item at a time."""
+"""Pure bad-input checks: overlong prompts (``data.prompts``) and garbage replica output (``rollout.badinput``),
+one item at a time."""
 
 import functools
 import math
@@ -6,16 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from verl_laminar.data.prompts import BadInputError, PromptTooLongError, check_prompt_length, prompt_limit
 from verl_laminar.reward.rows import MalformedRowError
-from verl_laminar.rollout.badinput import (
-    BadInputError,
-    GarbageOutputError,
-    PromptTooLongError,
-    check_output_tokens,
-    check_prompt_length,
-    prompt_limit,
-    screen,
-)
+from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens, screen
 
 VOCAB = 2048
 

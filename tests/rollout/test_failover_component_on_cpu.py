@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from types import MappingProxyType
 
-from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
@@ -17,6 +16,7 @@ from verl_laminar.policy.dispatch import (
     complete_refresh,
 )
 from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
+from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
 CFG = DispatchConfig(groups_per_batch=2)

@@ -80,10 +80,10 @@ def test_the_routers_repack_moves_tails_and_loses_nothing(replicas, tiny_model_d
     """The product's router (``rollout.router.LaminarRouter``, as ``bench.repack`` drives it) over real
     replicas: migrations happen, no trajectory is lost or mixes versions, and (greedy, one version) every
     trajectory's tokens equal those of the run without repack."""
+    import ray
+
     from verl_laminar import metrics as lm
     from verl_laminar.bench.repack import Workload, check_run, parse_args, run_workload, version_blobs
-
-    import ray
 
     args = parse_args(["--replicas", "2", "--groups", "6", "--groups-per-batch", "3", "--publish-every", "6",
                        "--interval", "0.2", "--median", "16", "--max-tokens", "200", "--max-batch-b", "8"])

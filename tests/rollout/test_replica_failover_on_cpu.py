@@ -293,7 +293,7 @@ def test_relays_hold_a_lagging_replicas_version_while_it_has_open_groups_and_rel
         router, servers, client, loads = await _setup(2, gpb=1)
         shell = ActorShell(relay)
         router._book.relays = {0: shell, 1: shell}
-        pin = await router.assign_group("ga", 1)
+        await router.assign_group("ga", 1)
         await asyncio.sleep(0.05)
         assert relay.held == []  # v0 is the newest: nothing to hold
         await router.on_publish(1)

@@ -10,8 +10,8 @@ import logging
 import time
 
 import pytest
-from laminar_testing import ActorShell
 
+from laminar_testing import ActorShell
 from verl_laminar.policy.dispatch import RoutingError
 from verl_laminar.policy.timeouts import RefreshSettings
 from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles

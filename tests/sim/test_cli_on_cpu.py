@@ -41,6 +41,7 @@ def test_single_configuration_takes_the_workload_flags(capsys):
 
 def test_plots_are_written(tmp_path):
     import matplotlib  # noqa: F401  (a dev dependency)
+
     from verl_laminar.sim.plots import gantt_plot, staleness_plot, throughput_plot
 
     rows = [{"task": "math", "model": "7b", "gpus": g, "system": s, "throughput": x * g}

@@ -3,12 +3,8 @@ aborted and resumed at each weight sync, against the strict one-step-off schedul
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
-
-from verl_laminar.sim.cpu import CpuProfile
 from verl_laminar.policy.roofline import DecodeCost
+from verl_laminar.sim.cpu import CpuProfile
 from verl_laminar.sim.params import Inference, Schedule, SimParams, Task
 from verl_laminar.sim.systems import Layout, Setup, simulate
 from verl_laminar.sim.systems.separate_async import SeparateAsync

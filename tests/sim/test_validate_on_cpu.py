@@ -116,8 +116,8 @@ def test_the_padded_length_is_the_prompt_plus_a_batchs_longest_response():
 
 
 def test_a_cpu_profile_prices_a_step_at_its_padded_length_between_its_two_measured_lengths():
-    from verl_laminar.sim.cpu import CpuProfile
     from verl_laminar.policy.roofline import DecodeCost
+    from verl_laminar.sim.cpu import CpuProfile
 
     prof = CpuProfile(source="t", decode=DecodeCost(fixed=1e-3, mem0=0, mem1=0, flop_per_seq=0, flop1=0, per_seq=0),
                       prefill_s_per_token=0, weight_load_s=0, weight_bytes=4_000_000, publish_s=0,

@@ -3,7 +3,14 @@
 import pytest
 
 from verl_laminar.sandbox.result import SandboxResult, SandboxStatus
-from verl_laminar.tools.formatting import EMPTY_OUTPUT, TRUNCATION_MARK, BadToolCall, extract_code, render, truncate_middle
+from verl_laminar.tools.formatting import (
+    EMPTY_OUTPUT,
+    TRUNCATION_MARK,
+    BadToolCall,
+    extract_code,
+    render,
+    truncate_middle,
+)
 
 
 @pytest.mark.parametrize(

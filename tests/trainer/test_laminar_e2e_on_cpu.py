@@ -38,8 +38,8 @@ import sys
 import pytest
 
 from laminar_testing import REPO
-from verl_laminar.report.runlog import STALENESS_HIST, RunRecord
 from verl_laminar.policy.until import ended_at
+from verl_laminar.report.runlog import STALENESS_HIST, RunRecord
 from verl_laminar.smoke import RUN_UNTIL, evaluate, shm_entries
 
 pytestmark = [

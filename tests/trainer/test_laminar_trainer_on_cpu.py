@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from laminar_testing import run_py
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from laminar_testing import run_py
 from verl_laminar.data import toy_math_path
 from verl_laminar.trainer import runtime
 
@@ -188,9 +188,8 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
     """A death that parks a group, its adoption by a replacement (moved), and a parked group lost later (a
     follow-up: no second death; its trajectories are discarded from the ledger)."""
     from verl_laminar.policy.accounting import Accounting
-    from verl_laminar.trainer import laminar_trainer as lt
-
     from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied, RouterEvents, Started
+    from verl_laminar.trainer import laminar_trainer as lt
 
     events = RouterEvents(
         (0.0, 0.0),

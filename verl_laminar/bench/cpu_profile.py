@@ -55,7 +55,8 @@ from verl_laminar.bench.cpu_profile_plan import (  # noqa: F401 - PHASES, schedu
     summarize,
 )
 from verl_laminar.bench.provenance import claim_result_path, provenance
-from verl_laminar.bench.tree import FAILED, reporting as _reporting
+from verl_laminar.bench.tree import FAILED
+from verl_laminar.bench.tree import reporting as _reporting
 from verl_laminar.platform.procs import exit_on_sigterm
 
 logger = logging.getLogger("verl_laminar.bench.cpu_profile")

@@ -23,7 +23,7 @@ KEYS = ("date", "machine", "command", "commit", "load_avg_at_start")
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     except OSError:
         return platform.processor()
 
@@ -33,7 +33,7 @@ def cpu_flags() -> list[str]:
     wanted = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx2")
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
     except OSError:
         return []
     return [w for w in wanted if w in flags]

@@ -37,7 +37,7 @@ from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
 from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
 from verl_laminar.relay.publish import Publisher
 from verl_laminar.relay.serve import RelayProcess
-from verl_laminar.relay.transport import TRANSPORTS, TransportSpec
+from verl_laminar.relay.transport_spec import TRANSPORTS, TransportSpec
 
 logger = logging.getLogger("verl_laminar.bench.relay")
 MB = 1 << 20

@@ -26,7 +26,7 @@ from verl_laminar.policy.chain import ChainPlan
 from verl_laminar.relay.publish import Publisher
 from verl_laminar.relay.serve import RelayProcess
 from verl_laminar.relay.store import KEEP_VERSIONS
-from verl_laminar.relay.transport import TransportSpec
+from verl_laminar.relay.transport_spec import TransportSpec
 
 WARMUP = KEEP_VERSIONS
 

@@ -339,8 +339,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         except FileExistsError as e:
             logger.error("%s", e)
             return 2
-    from verl_laminar.watchdog import bounded
     import ray
+
+    from verl_laminar.watchdog import bounded
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:

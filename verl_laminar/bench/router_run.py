@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from verl_laminar.policy.migration import Piece, Trajectory
 from verl_laminar.rollout.repack import RepackMetrics
-from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles, RepackSettings
+from verl_laminar.rollout.router import LaminarRouter, RepackSettings, ReplicaHandles
 
 
 @dataclass(frozen=True)

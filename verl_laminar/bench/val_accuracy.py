@@ -36,7 +36,7 @@ if __name__ == "__main__":
 def evaluate(model: str, tokenizer: str, val: str, max_tokens: int) -> dict:
     proc = subprocess.run([sys.executable, "-c", _EVAL, model, tokenizer, val, str(max_tokens)], capture_output=True,
                           text=True, timeout=1800)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"evaluation of {model} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(line[len("RESULT "):])

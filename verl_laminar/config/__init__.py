@@ -8,17 +8,17 @@ from verl_laminar.config.legacy_reward import check_legacy_reward_keys
 from verl_laminar.config.schema import (
     BufferConfig,
     DispatchConfig,
+    FaultInjectionConfig,
     HeartbeatConfig,
-    ReplaceConfig,
     LaminarConfig,
     LaminarConfigError,
     MetricsConfig,
-    FaultInjectionConfig,
     OffPolicyConfig,
     PoolConfig,
     RefreshConfig,
     RelayConfig,
     RepackConfig,
+    ReplaceConfig,
 )
 from verl_laminar.config.validate import RELAY_BACKEND, RELAY_BACKEND_MODULE, resolve_replicas, validate_and_migrate
 

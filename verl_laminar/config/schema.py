@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:  # the relay package stays out of this module's imports (see the module docstring)
-    from verl_laminar.relay.transport import TransportSpec
+    from verl_laminar.relay.transport_spec import TransportSpec
 
 ROOT = "laminar"
 
@@ -155,7 +155,7 @@ class RelayConfig(_Section):
 
     def transport_spec(self) -> "TransportSpec":
         """The transport every relay of the group builds (``Relay(transport=...)``)."""
-        from verl_laminar.relay.transport import TransportSpec  # stdlib only; imported here to keep the rule above
+        from verl_laminar.relay.transport_spec import TransportSpec  # stdlib only; imported here to keep the rule above
 
         return TransportSpec(kind=self.transport, protocol=self.protocol, device=self.device)
 

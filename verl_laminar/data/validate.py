@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from verl_laminar.data.prompts import PromptTooLongError, check_prompt_length, prompt_limit
 from verl_laminar.reward.rows import MalformedRowError, row_label
-from verl_laminar.rollout.badinput import PromptTooLongError, check_prompt_length, prompt_limit
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,10 @@ def _ensure_token() -> None:
     """The cluster and its jobs authenticate with Ray's token (``ray start`` turns it on only where a token exists,
     and a client given an explicit address does not assume it): create the default one if this host has none, as
     Ray's own first ``ray.init()`` does."""
-    from ray._private.authentication.authentication_token_setup import generate_and_save_token
-    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
+    from ray._private.authentication.authentication_token_setup import (
+        AuthenticationTokenLoader,
+        generate_and_save_token,
+    )
 
     if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
         generate_and_save_token()

@@ -104,24 +104,24 @@ def this_process_decision() -> PlatformDecision:
     return probe.this_process_decision()
 
 
-_REFUSAL: Optional[str] = None  # set when the platform must not run (an untested verl): the error to raise
+_REFUSAL: Optional[tuple[type[Exception], str]] = None  # set when the platform must not run: the error to raise
 
 
-def refuse(message: str) -> None:
-    """Make the CPU platform fail at first use with ``message``.
+def refuse(message: str, error: type[Exception] = RuntimeError) -> None:
+    """Make the CPU platform fail at first use with ``error(message)`` (the plugin: an untested verl, a
+    ``PatchVersionError``).
 
     Used instead of failing at import: verl hides plugin import errors at DEBUG and would then run its CUDA
     fallback (or this platform without its patches) into an obscure error much later.
     """
     global _REFUSAL
-    _REFUSAL = message
+    _REFUSAL = (error, message)
 
 
 def _check_usable() -> None:
     if _REFUSAL is not None:
-        from verl_laminar.patches import PatchVersionError
-
-        raise PatchVersionError(_REFUSAL)
+        error, message = _REFUSAL
+        raise error(message)
 
 
 class PlatformCPU(PlatformBase):

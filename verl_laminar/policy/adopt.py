@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-
 ADOPTED_REPLICA = -2  # the replica id of an adopted group's pin: it runs on none (-1 is UNLOADED's version)
 
 

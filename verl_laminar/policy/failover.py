@@ -19,7 +19,6 @@ import enum
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-
 FIRST_TOKEN_FACTOR = 3.0  # a replica that streamed no token yet is hung after this many dead_after_s of busy silence
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-
 # Sampling keys that constrain a response from its first token (vLLM's structured outputs, the older guided_* keys,
 # an OpenAI-style response_format). A resumed piece would apply the constraint to the continuation alone, as if it
 # were a whole response, so such a request restarts from its prompt on the target instead (``resumable``).

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, chain_time, t_model
 

@@ -16,7 +16,6 @@ from verl_laminar.policy.attach import NAMESPACE_FIX, NAMESPACE_KEY, NO_NAMESPAC
 from verl_laminar.preflight.report import FAIL, OK, Report
 
 
-
 def check_fleet(report: Report, cfg: DictConfig, lam: Any) -> None:
     if not lam.fleet.detached:
         report.add("fleet.detached", OK, "off (the rollouts die with the trainer and restart with the job)")

@@ -16,22 +16,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from verl_laminar.policy.chain import ChainPlan, rebuild_chain
 from verl_laminar.relay.inflight import InFlight, Superseded
-from verl_laminar.relay.store import VersionGoneError
-from verl_laminar.relay.transport import Frame, Kind, TransportError
-
-if TYPE_CHECKING:
-    from verl_laminar.relay.relay import Relay
+from verl_laminar.relay.store import RelayStore, StoreReader, VersionGoneError
+from verl_laminar.relay.transport import Frame, Kind, Transport, TransportError
 
 logger = logging.getLogger(__name__)
 
 
+class ForwardSource(Protocol):
+    """What the forwarder reads from the relay it forwards for (``relay.Relay`` is one)."""
+
+    relay_id: str
+    store: RelayStore
+    transport: Transport
+    io_timeout_s: float
+
+    def newest_source(self) -> Optional[tuple[int, Optional[InFlight]]]:
+        """The newest version to forward and its transfer if still in flight (called with the condition held)."""
+
+    def reader(self) -> StoreReader: ...
+
+    def record_event(self, event: dict) -> None: ...
+
+
 class Forwarder:
-    def __init__(self, relay: "Relay", on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None) -> None:
+    """Forwards ``relay``'s versions downstream. ``cond`` is the relay's condition: it guards the relay's in-flight
+    versions and this forwarder's plan, and is notified when either changes."""
+
+    def __init__(self, relay: ForwardSource, cond: threading.Condition,
+                 on_chain_change: Optional[Callable[[ChainPlan, str], None]] = None) -> None:
         self.relay = relay
+        self._cond = cond
         self.plan: Optional[ChainPlan] = None
         self.addresses: dict[str, tuple[str, int]] = {}
         self._on_change = on_chain_change
@@ -43,12 +61,12 @@ class Forwarder:
         self._thread.start()
 
     def set_chain(self, plan: ChainPlan, addresses: dict[str, tuple[str, int]]) -> bool:
-        with self.relay._cond:
+        with self._cond:
             if self.plan is not None and plan.epoch < self.plan.epoch:
                 return False
             self.plan = plan
             self.addresses.update({k: tuple(v) for k, v in addresses.items()})
-            self.relay._cond.notify_all()
+            self._cond.notify_all()
             return True
 
     def downstream(self) -> Optional[str]:
@@ -59,17 +77,17 @@ class Forwarder:
 
     def close(self) -> None:
         self._closed = True
-        with self.relay._cond:
-            self.relay._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
 
     def _next_job(self) -> Optional[tuple[str, int, Optional[InFlight]]]:
-        with self.relay._cond:
+        with self._cond:
             while not self._closed:
                 d = self.downstream()
                 src = self.relay.newest_source()
                 if d is not None and src is not None and src[0] > self._sent.get(d, -1):
                     return d, src[0], src[1]
-                self.relay._cond.wait(0.5)
+                self._cond.wait(0.5)
         return None
 
     def _loop(self) -> None:
@@ -123,7 +141,7 @@ class Forwarder:
                                     "t_end": time.time()})
             elif reply.kind != Kind.SKIP:
                 raise TransportError(f"downstream {d} answered BEGIN with kind {reply.kind}")
-            with relay._cond:
+            with self._cond:
                 self._sent[d] = max(self._sent.get(d, -1), version)
         finally:
             ch.close()
@@ -146,7 +164,7 @@ class Forwarder:
 
     def _drop(self, d: str, err: Exception) -> None:
         t_detect = time.time()
-        with self.relay._cond:
+        with self._cond:
             if self.plan is None or d not in self.plan.relays:
                 return
             new = rebuild_chain(self.plan, d)

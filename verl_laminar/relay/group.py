@@ -36,7 +36,7 @@ from verl_laminar.policy.chain import (
     rebuild_chain,
 )
 from verl_laminar.relay.store import KEEP_VERSIONS
-from verl_laminar.relay.transport import TransportSpec
+from verl_laminar.relay.transport_spec import TransportSpec
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,6 @@ class RelayGroup:
         """Stop the monitor and every relay (their stores removed when ``destroy``)."""
         import ray
         from ray.exceptions import RayActorError
-
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._stop.set()

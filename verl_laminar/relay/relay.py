@@ -40,7 +40,8 @@ from verl_laminar.relay.store import (
     VersionGoneError,
     default_store_root,
 )
-from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, Transport, TransportError, TransportSpec
+from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, Transport, TransportError
+from verl_laminar.relay.transport_spec import TransportSpec
 from verl_laminar.relay.verify import ChunkVerifier
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Relay:
         self._closed = False
         self._prepared = 0
         self._listener = self.transport.listen(host, port)
-        self.forwarder = Forwarder(self, on_chain_change)
+        self.forwarder = Forwarder(self, self._cond, on_chain_change)
         threading.Thread(target=self._accept_loop, name=f"relay-{relay_id}-accept", daemon=True).start()
         logger.info("relay %s listening on %s:%d, store %s", relay_id, *self._listener.address, self.store.root)
 

@@ -21,7 +21,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any, Optional, Sequence
 
 from verl_laminar.relay.relay import Relay
-from verl_laminar.relay.transport import TRANSPORTS, TransportSpec
+from verl_laminar.relay.transport_spec import TRANSPORTS, TransportSpec
 
 logger = logging.getLogger(__name__)
 

@@ -48,8 +48,20 @@ from typing import Optional
 
 from verl_laminar.platform.shm_cleanup import acquire_store, bury_store
 from verl_laminar.relay.layout import (  # noqa: F401  (re-exported: the store's errors and reader live there)
-    KEEP_VERSIONS, RelayMemoryError, StoreReader, TornTransferError, VersionGoneError, _data_path, _json_path, _reserve,
-    _unlink, default_store_root, ensure_free, free_bytes, lease)
+    KEEP_VERSIONS,
+    RelayMemoryError,
+    StoreReader,
+    TornTransferError,
+    VersionGoneError,
+    _data_path,
+    _json_path,
+    _reserve,
+    _unlink,
+    default_store_root,
+    ensure_free,
+    free_bytes,
+    lease,
+)
 from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.staging import Staging, _Warm  # noqa: F401  (Staging re-exported)
 

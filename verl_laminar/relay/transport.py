@@ -266,32 +266,3 @@ class TcpTransport:
         sock.settimeout(None)
         return TcpChannel(sock, f"{address[0]}:{address[1]}", self.rate_bytes_per_s)
 
-
-TRANSPORTS = ("tcp", "mooncake")
-
-
-@dataclass(frozen=True)
-class TransportSpec:
-    """What ``laminar.relay`` says about the transport, in a form that travels to a relay actor or process.
-
-    ``kind``: tcp | mooncake; ``protocol`` (mooncake only): tcp | rdma; ``device``: Mooncake's NIC filter.
-    """
-
-    kind: str = "tcp"
-    protocol: str = "tcp"
-    device: Optional[str] = None
-    rate_bytes_per_s: Optional[float] = None  # tcp: paced sends, for tests without tc
-    buffer_bytes: int = 0  # tcp: fixed socket buffers; 0 = the kernel's autotuning
-
-    def __post_init__(self) -> None:
-        if self.kind not in TRANSPORTS:
-            raise ValueError(f"laminar.relay.transport={self.kind!r}: must be one of {TRANSPORTS}")
-        if self.kind == "mooncake" and self.rate_bytes_per_s:
-            raise ValueError("paced sends (rate_bytes_per_s) exist only for the tcp transport; limit the link with tc")
-
-    def build(self) -> Transport:
-        if self.kind == "mooncake":
-            from verl_laminar.relay.mooncake import MooncakeTransport  # optional dependency, imported when chosen
-
-            return MooncakeTransport(self.protocol, self.device)
-        return TcpTransport(self.rate_bytes_per_s, self.buffer_bytes)

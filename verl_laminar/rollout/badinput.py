@@ -1,14 +1,10 @@
-"""Pure checks that turn bad rollout input and output into one clear error about the one bad item.
+"""Pure checks that turn bad rollout output into one clear error about the one bad item.
 
-Two checks, both raising a ``BadInputError`` (a ``ValueError``) whose message names the item, what is wrong
-and the fix:
-
-* ``check_prompt_length``: a prompt longer than the rollout's limit. verl itself drops such rows at dataset
-  load (``data.filter_overlong_prompts``, with only a count printed) or left-truncates them in the agent loop
-  (cutting off the instruction); this check names the row instead, before training starts.
-* ``check_output_tokens``: a replica answered with token ids outside the vocabulary, negative or non-integer,
-  or with a log-prob count that does not match the tokens. Such a response would poison the batch (an
-  out-of-range id crashes the trainer's embedding lookup, a shifted log-prob misweights every later token).
+``check_output_tokens``: a replica answered with token ids outside the vocabulary, negative or non-integer, or with
+a log-prob count that does not match the tokens. Such a response would poison the batch (an out-of-range id crashes
+the trainer's embedding lookup, a shifted log-prob misweights every later token). It raises a
+``GarbageOutputError``, a ``BadInputError`` (a ``ValueError``) whose message names the request, what is wrong and
+the fix. The prompt-length check of the input side is the data layer's (``data.prompts``).
 
 ``screen`` applies a check to every item of a batch and splits it into the items kept and the items rejected
 (with the reason), so one bad item never costs the rest of the batch.
@@ -20,60 +16,23 @@ import logging
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Sized, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from verl_laminar.data.prompts import BadInputError, positive_int
 from verl_laminar.reward.rows import MalformedRowError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The keys that bound a prompt: verl filters the dataset with the first and pads/truncates to the second.
-PROMPT_LIMIT_KEYS = ("data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length")
 # A sampled token's log-prob is <= 0; a little above 0 is rounding in the engine, more is garbage.
 _LOG_PROB_TOLERANCE = 1e-3
 # Offending positions quoted in one message; the count says how many there were in all.
 _EXAMPLES = 5
 
 
-class BadInputError(ValueError):
-    """One input or output item is unusable; the message names it and says how to fix it."""
-
-
-class PromptTooLongError(BadInputError):
-    """A prompt has more tokens than the rollout accepts."""
-
-
 class GarbageOutputError(BadInputError):
     """A replica returned token ids or log-probs that cannot be a real generation."""
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        # A bad limit is a configuration error, not a bad item: it must not be screened away item by item.
-        raise ValueError(f"{what}={value!r} is invalid: set a positive integer")
-    return int(value)
-
-
-def prompt_limit(prompt_length: int, max_model_len: Optional[int] = None) -> int:
-    """The longest prompt a request may carry: rollout.prompt_length, and never more than the engine's context."""
-    limit = _positive_int(prompt_length, "actor_rollout_ref.rollout.prompt_length")
-    if max_model_len is not None:
-        limit = min(limit, _positive_int(max_model_len, "max_model_len"))
-    return limit
-
-
-def check_prompt_length(prompt_ids: Sized, limit: int, row_label: str) -> int:
-    """The prompt's length; raises PromptTooLongError naming the row, its length, the limit and the keys to change."""
-    limit = _positive_int(limit, "prompt length limit")
-    n = len(prompt_ids)
-    if n > limit:
-        raise PromptTooLongError(
-            f"{row_label}: prompt is {n} tokens, over the limit of {limit}. Fix: raise {PROMPT_LIMIT_KEYS[0]} and "
-            f"{PROMPT_LIMIT_KEYS[1]} to at least {n} (keeping prompt_length + response_length within the engine's "
-            "max_model_len), shorten the prompt, or drop the row (python -m verl_laminar.data.validate --write-good)"
-        )
-    return n
 
 
 def _as_list(value: Any) -> Any:
@@ -123,7 +82,7 @@ def check_output_tokens(token_ids: Any, log_probs: Any, vocab_size: int, request
     ``vocab_size`` is the model's (padded) ``config.vocab_size``, the row count of its embedding; ids between the
     tokenizer's length and that are valid for the trainer. ``log_probs=None`` means none were requested.
     """
-    vocab_size = _positive_int(vocab_size, "vocab_size")
+    vocab_size = positive_int(vocab_size, "vocab_size")
     tokens = _as_list(token_ids)
     if not isinstance(tokens, (list, tuple)):
         raise _garbage(request_id, f"token_ids is a {type(token_ids).__name__}, expected a list of integers")

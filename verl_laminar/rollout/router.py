@@ -33,6 +33,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
+from verl_laminar.policy.bound import StalenessBound
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchConfig,
@@ -48,13 +49,11 @@ from verl_laminar.policy.dispatch import (
     plan_dispatch,
     route,
 )
-from verl_laminar.policy.bound import StalenessBound
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.policy.timeouts import RefreshSettings
+from verl_laminar.rollout import events as ev
 from verl_laminar.rollout.balancer import VerlBalancerProtocol
 from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
-from verl_laminar.rollout.events import (Continued, EventLog, Finished, Loaded, RouterEvent, RouterEvents, Started,
-                                         Violation)
 from verl_laminar.rollout.refresh import LoaderSettings, VersionLoader, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
 from verl_laminar.rollout.repack_driver import RepackDriver, RepackSettings
@@ -90,7 +89,7 @@ class LaminarRouter(VerlBalancerProtocol):
         self._published: Optional[int] = None
         self._bound, self._publishing = StalenessBound(max_staleness), None  # policy.bound; hold_publish's version
         self._tasks: set[asyncio.Task] = set()
-        self._events = EventLog()  # typed events the trainer drains (rollout.events)
+        self._events = ev.EventLog()  # typed events the trainer drains (rollout.events)
         # dead, parked, lost and fenced replicas and groups, replacements to come (rollout.router_failover)
         self._failover = ReplicaFailover(self, self._book, self._groups, self._cfg, replacements, clock)
         self._rollout_wait_s = 0.0
@@ -144,7 +143,7 @@ class LaminarRouter(VerlBalancerProtocol):
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
-    def drain_events(self) -> RouterEvents:
+    def drain_events(self) -> ev.RouterEvents:
         """The events since the last drain, with ``clock``: (this router's clock now, Unix time now), so that the
         trainer, maybe on another node, can turn the events' router-clock times into wall-clock times."""
         return self._events.drain((self._clock(), time.time()))
@@ -190,7 +189,7 @@ class LaminarRouter(VerlBalancerProtocol):
             return None  # older than laminar.buffer.max_staleness allows: the caller generates it again
         a = self._groups.adopt(group_id, n, version, self._published, self._clock())
         for i in range(n):
-            self._events.add(Started(f"{group_id}_{i}", group_id, a.replica_id, a.version))
+            self._events.add(ev.Started(f"{group_id}_{i}", group_id, a.replica_id, a.version))
         return a
 
     async def acquire_pinned(self, request_id: str, group_id: str, version: int) -> tuple[str, Any]:
@@ -221,7 +220,7 @@ class LaminarRouter(VerlBalancerProtocol):
         n = int(self._published)
         self._groups.finished[group_id] = self._groups.finished.get(group_id, 0) + 1
         if group_id not in self._groups.validate:
-            self._events.add(Finished(key, group_id, a.replica_id, a.version, start_s, self._clock(),
+            self._events.add(ev.Finished(key, group_id, a.replica_id, a.version, start_s, self._clock(),
                                       self._groups.assigned_s.get(group_id), int(prompt_tokens),
                                       int(response_tokens), n))
         return n
@@ -236,7 +235,7 @@ class LaminarRouter(VerlBalancerProtocol):
 
     async def report_violation(self, message: str) -> None:
         logger.error("invariant violation reported by a rollout worker: %s", message)
-        self._events.add(Violation(message))
+        self._events.add(ev.Violation(message))
 
     def servers(self) -> list[str]:
         return list(self._book.by_address)
@@ -258,7 +257,7 @@ class LaminarRouter(VerlBalancerProtocol):
     def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
         """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
         partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
-        self._events.add(Continued(group_id, request_id, int(tokens)))
+        self._events.add(ev.Continued(group_id, request_id, int(tokens)))
 
     def add_replica(self, replica: ReplicaHandles, relay: Any = None, replaces: Optional[int] = None) -> None:
         self._failover.add_replica(replica, relay, replaces)
@@ -331,7 +330,7 @@ class LaminarRouter(VerlBalancerProtocol):
         self._rollout_wait_s += t1 - t0
         self._refreshes += 1
         # t0 includes the drain and the wait for the relay: the replica serves nothing from t0 on
-        self._events.add(Loaded(d.replica_id, loaded, t1, t0, d.from_version))
+        self._events.add(ev.Loaded(d.replica_id, loaded, t1, t0, d.from_version))
         logger.info("replica %d: version %d -> %d in %.2f s", d.replica_id, d.from_version, loaded, t1 - t0)
         self._pump()
 
@@ -374,7 +373,7 @@ class LaminarRouter(VerlBalancerProtocol):
     def failure(self) -> Optional[str]:
         return None if self._error is None else repr(self._error)
 
-    def record(self, event: RouterEvent) -> None:
+    def record(self, event: ev.RouterEvent) -> None:
         self._events.add(event)
 
     # ---- planning ----
@@ -396,5 +395,5 @@ class LaminarRouter(VerlBalancerProtocol):
             self._groups.assigned_s[a.group_id] = self._clock()
             if a.group_id not in self._groups.validate:
                 for i in range(self._groups.n[a.group_id]):
-                    self._events.add(Started(f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
+                    self._events.add(ev.Started(f"{a.group_id}_{i}", a.group_id, a.replica_id, a.version))
             self._waiters.pop(a.group_id).set_result(a)

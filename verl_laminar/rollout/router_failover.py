@@ -32,8 +32,17 @@ import asyncio
 import logging
 from typing import Any, Callable, Optional, Protocol
 
-from verl_laminar.policy.dispatch import DispatchConfig, DispatchPlan, DispatchState, RefreshDecision, RoutingError
-from verl_laminar.policy.dispatch import add_replica, apply_plan, close_batch, move_group
+from verl_laminar.policy.dispatch import (
+    DispatchConfig,
+    DispatchPlan,
+    DispatchState,
+    RefreshDecision,
+    RoutingError,
+    add_replica,
+    apply_plan,
+    close_batch,
+    move_group,
+)
 from verl_laminar.policy.holds import versions_to_hold
 from verl_laminar.policy.replica_loss import fail_replica
 from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles

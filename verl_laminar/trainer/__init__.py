@@ -42,8 +42,13 @@ def _register_stand_in(error: Exception) -> None:
 def _import_trainer(_module: object) -> None:
     import importlib
 
-    from verl_laminar.patches import PatchVersionError, installed_verl_version, unverified_verl_message
-    from verl_laminar.patches import verl_verified, warn_if_unverified_verl
+    from verl_laminar.patches import (
+        PatchVersionError,
+        installed_verl_version,
+        unverified_verl_message,
+        verl_verified,
+        warn_if_unverified_verl,
+    )
 
     if not verl_verified():
         warn_if_unverified_verl()

@@ -21,15 +21,15 @@ import time
 
 import ray
 from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 from verl_laminar import metrics as lm
 from verl_laminar import timeline as tl
+from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
-from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.trainer import bound, runtime, until
 from verl_laminar.trainer.events import apply_router_events
 

@@ -59,7 +59,6 @@ def derive_parameter_sync_step(config: DictConfig) -> int:
 def prepare_config(config: DictConfig) -> Any:
     """Validate the laminar block and align verl's keys with it; returns the typed ``LaminarConfig``."""
     from verl_laminar.config import validate_and_migrate
-
     from verl_laminar.data.validate import check_data_files
 
     lam = validate_and_migrate(config)
