@@ -4,7 +4,9 @@ died of a segmentation fault after printing its summary (exit 139), which fails 
 What the suite builds in the runner's process and ends before the shutdown: an in-process vLLM engine
 (``tests/relay/test_vllm_load_on_cpu.py``: its engine core and vLLM's gloo process groups, 39 native threads, are
 released with ``laminar_testing.release_inprocess_engine``) and in-process Ray sessions (``ray.init`` /
-``ray.shutdown`` in the relay and pool tests; Ray's gRPC and GCS-client threads stay to the end). This test runs that
+``ray.shutdown`` in the relay and pool tests; Ray's gRPC and GCS-client threads stay to the end) and relays over
+Mooncake (``tests/relay/test_transports_on_cpu.py``: each Transfer Engine runs threads of its own, which no relay
+stopped before its ``close`` released the engine; they ran through the interpreter's shutdown). This test runs that
 path in a fresh interpreter under ``-X faulthandler`` and checks that it exits 0, that nothing printed a fatal error,
 and what still runs when the interpreter shuts down.
 """
@@ -44,7 +46,18 @@ release_inprocess_engine(llm)
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
 assert ray.get(ray.put(7)) == 7
 ray.shutdown()
-print("SHUTDOWN-THREADS " + json.dumps({"with_engine": sorted(set(with_engine)), "at_exit": sorted(native_threads())}))
+from verl_laminar.relay.mooncake import load_engine_class
+from verl_laminar.relay.relay import Relay
+from verl_laminar.relay.transport_spec import TransportSpec
+
+load_engine_class()
+tasks = lambda: set(os.listdir("/proc/self/task"))
+base = tasks()
+relay = Relay("solo", root=tempfile.mkdtemp(), transport=TransportSpec("mooncake"), io_timeout_s=5.0)
+mooncake = tasks() - base  # the Transfer Engine's own threads
+relay.close(destroy=True)
+print("SHUTDOWN-THREADS " + json.dumps({"with_engine": sorted(set(with_engine)), "at_exit": sorted(native_threads()),
+                                        "mooncake_engine": len(mooncake), "mooncake_left": len(mooncake & tasks())}))
 '''
 
 
@@ -58,3 +71,5 @@ def test_the_runner_shuts_down_cleanly_after_an_inprocess_engine_and_ray():
     threads = json.loads(line.split(" ", 1)[1])
     assert any(n.startswith("gloo") for n in threads["with_engine"]), threads  # the groups were there to release
     assert not [n for n in threads["at_exit"] if n.startswith(("gloo", "pt_gloo"))], threads
+    # a relay's Mooncake Transfer Engine ran threads of its own, and its close ended them (relay/mooncake.py)
+    assert threads["mooncake_engine"] >= 1 and threads["mooncake_left"] == 0, threads

@@ -21,9 +21,22 @@ def spec(request):
     return TransportSpec(request.param)
 
 
-def _begin(spec, relay, version, size=4096, chunk=1024):
+@pytest.fixture(autouse=True)
+def senders():
+    """The senders' transports a test built (``_begin``), closed at its end as a relay closes its own: a Mooncake
+    engine left running reaches the interpreter's shutdown (see the engine test below)."""
+    built = []
+    yield built
+    for transport in built:
+        transport.close()
+
+
+def _begin(spec, relay, version, size=4096, chunk=1024, senders=None):
     """A hand-driven upstream: BEGIN, then the ACCEPT (and its buffer description) bound like a forwarder does."""
-    ch = spec.build().connect(relay.address())
+    transport = spec.build()
+    if senders is not None:
+        senders.append(transport)
+    ch = transport.connect(relay.address())
     m = VersionManifest(version=version, total_bytes=size, chunk_size=chunk)
     ch.send(Frame(Kind.BEGIN, version=version), m.with_checksums(()).to_json().encode())
     reply = ch.recv_header()
@@ -32,17 +45,17 @@ def _begin(spec, relay, version, size=4096, chunk=1024):
     return ch, m
 
 
-def test_torn_transfers_never_become_readable(tmp_path, spec):
+def test_torn_transfers_never_become_readable(tmp_path, spec, senders):
     r = Relay("solo", root=str(tmp_path / "solo"), transport=spec, io_timeout_s=5.0)
     src = tmp_path / "src.data"
     data = os.urandom(4096)
     src.write_bytes(data)
     try:
-        ch, m = _begin(spec, r, 1)  # a chunk whose bytes do not match its CRC
+        ch, m = _begin(spec, r, 1, senders=senders)  # a chunk whose bytes do not match its CRC
         with open(src, "rb", buffering=0) as f:
             ch.send_file(Frame(Kind.CHUNK, version=1, index=0, crc=crc32(data[:1024]) ^ 1), f, 0, 1024)
         ch.close()
-        ch, m = _begin(spec, r, 2)  # an upstream that dies after two good chunks
+        ch, m = _begin(spec, r, 2, senders=senders)  # an upstream that dies after two good chunks
         with open(src, "rb", buffering=0) as f:
             for i in (0, 1):
                 off, n = m.chunk_span(i)
@@ -50,7 +63,7 @@ def test_torn_transfers_never_become_readable(tmp_path, spec):
         ch.close()
         assert not r.wait_version(1, 0.5)
         assert r.versions() == [] and r.progress() == {}
-        ch, m = _begin(spec, r, 3)  # and a whole one does
+        ch, m = _begin(spec, r, 3, senders=senders)  # and a whole one does
         with open(src, "rb", buffering=0) as f:
             for i in range(m.num_chunks):
                 off, n = m.chunk_span(i)
@@ -65,11 +78,11 @@ def test_torn_transfers_never_become_readable(tmp_path, spec):
         r.close(destroy=True)
 
 
-def test_mooncake_chunks_are_placed_not_streamed(tmp_path):
+def test_mooncake_chunks_are_placed_not_streamed(tmp_path, senders):
     """Over mooncake a CHUNK header carries PLACED and no payload bytes follow it on the control stream."""
     r = Relay("solo", root=str(tmp_path / "solo"), transport=TransportSpec("mooncake"), io_timeout_s=5.0)
     try:
-        ch, m = _begin(TransportSpec("mooncake"), r, 1, size=1 << 20, chunk=1 << 20)
+        ch, m = _begin(TransportSpec("mooncake"), r, 1, size=1 << 20, chunk=1 << 20, senders=senders)
         sent = []
 
         class Counting:  # the control socket, counting what is written to it
@@ -97,6 +110,31 @@ def test_mooncake_chunks_are_placed_not_streamed(tmp_path):
         view.release()
     finally:
         r.close(destroy=True)
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def test_closing_a_mooncake_relay_and_sender_ends_their_engines_threads(tmp_path):
+    """Each Transfer Engine runs threads of its own; a relay's close (and a sender transport's) stops them. Before,
+    every engine the relay tests started still ran at the test runner's interpreter shutdown, beside Ray's and
+    the C++ static destructors, where the runner once died of a segmentation fault after its summary."""
+    from verl_laminar.relay.mooncake import load_engine_class
+
+    load_engine_class()  # the library's own runtime threads start at import: not the engine's
+    before = _threads()
+    r = Relay("solo", root=str(tmp_path / "solo"), transport=TransportSpec("mooncake"), io_timeout_s=5.0)
+    sender = TransportSpec("mooncake").build()
+    ch = sender.connect(r.address())
+    started = _threads() - before
+    assert len(started) >= 2, started  # both engines run threads (the relay's and the sender's)
+    ch.close()
+    sender.close()
+    r.close(destroy=True)
+    assert not started & _threads(), f"engine threads still running after close: {sorted(started & _threads())}"
+    with pytest.raises(TransportError, match="closed"):
+        ch._engine.write("peer:1", 0, 0, 1)  # a channel that outlived its transport says so, never a crash
 
 
 def test_a_tcp_sender_refuses_a_one_sided_accept():

@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from typing import BinaryIO, Optional
+from typing import Any, BinaryIO, Optional
 
 from verl_laminar.relay.transport import (
     _HEADER,
@@ -100,14 +100,27 @@ class Engine:
         self.protocol = protocol
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Release the Transfer Engine: its destructor stops and joins the engine's own threads. An engine left
+        running at interpreter shutdown keeps those threads working while C++ static destructors run."""
+        with self._lock:
+            self.engine = None
+
+    def _live(self) -> Any:
+        if self.engine is None:
+            raise TransportError("the Mooncake transport is closed (its relay or client closed it)")
+        return self.engine
+
     def register(self, addr: int, length: int) -> None:
         with self._lock:
-            ret = self.engine.register_memory(addr, length)
+            ret = self._live().register_memory(addr, length)
         if ret != 0:
             raise TransportError(f"Mooncake could not register {length} bytes at {addr:#x}: returned {ret}")
 
     def unregister(self, addr: int) -> None:
         with self._lock:
+            if self.engine is None:  # closed: the engine freed its registrations with it
+                return
             ret = self.engine.unregister_memory(addr)
         if ret != 0:
             logger.warning("Mooncake could not unregister the buffer at %#x: returned %d", addr, ret)
@@ -120,13 +133,14 @@ class Engine:
         round-robin slice: hundreds of ms per chunk on 2 cores). The sleep adds about a tenth of a chunk's own time,
         at most ``_POLL_MAX_S``.
         """
-        batch = self.engine.transfer_submit_write(session, local, remote, length)
+        engine = self._live()
+        batch = engine.transfer_submit_write(session, local, remote, length)
         if batch < 0:
             raise TransportError(f"Mooncake could not submit a write of {length} bytes to {session} (returned "
                                  f"{batch}): the peer is gone")
         t0 = time.perf_counter()
         while True:
-            status = self.engine.transfer_check_status(batch)
+            status = engine.transfer_check_status(batch)
             if status == 1:
                 return
             if status < 0:
@@ -272,6 +286,13 @@ class MooncakeTransport:
 
     def listen(self, host: str, port: int) -> MooncakeListener:
         return MooncakeListener(host, port, self.engine(host))
+
+    def close(self) -> None:
+        """Stop this transport's Transfer Engine (its threads end); a later listen or connect starts a new one."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     def connect(self, address: tuple[str, int], timeout: float = 5.0) -> MooncakeChannel:
         ch = TcpTransport().connect(address, timeout)

@@ -181,6 +181,7 @@ class Relay:
         with self._cond:
             for f in self._inflight.values():
                 f.fail()
+        self.transport.close()  # after its listener and forwarder: Mooncake's engine threads end here
         if destroy:
             self.store.destroy()
         else:

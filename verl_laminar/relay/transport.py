@@ -105,6 +105,8 @@ class Transport(Protocol):
 
     def connect(self, address: tuple[str, int], timeout: float) -> Channel: ...
 
+    def close(self) -> None: ...  # end what the transport itself runs (Mooncake: its engine's threads)
+
 
 def _tune(sock: socket.socket, buffer_bytes: int) -> None:
     """NODELAY, and deep kernel buffers: while a busy host deschedules this relay for a moment, the
@@ -250,6 +252,9 @@ class TcpTransport:
     def __init__(self, rate_bytes_per_s: Optional[float] = None, buffer_bytes: int = 0) -> None:
         self.rate_bytes_per_s = rate_bytes_per_s
         self.buffer_bytes = buffer_bytes
+
+    def close(self) -> None:
+        """Nothing runs in a TCP transport itself: its listeners and channels close on their own."""
 
     def listen(self, host: str, port: int) -> TcpListener:
         return TcpListener(host, port, self.rate_bytes_per_s, self.buffer_bytes)
