@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["ray_driver_child"]  # modules marked ray_driver run in a child interpreter (why: that module)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
@@ -120,6 +122,22 @@ def no_vllm_process_outlives_its_module():
             pass
     pytest.fail(f"{len(left)} vLLM processes outlived their test module by {LEAK_WAIT_S:.0f} s (ended now): "
                 + "; ".join(f"{pid}: {what}" for pid, what in sorted(left.items())), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_runtime_in_the_runner():
+    """The runner never hosts a Ray driver: Ray's native threads outlive ``ray.shutdown`` and reach the interpreter's
+    shutdown (tests/ray_driver_child.py). A test that starts one here fails the session, naming the fix."""
+    yield
+    from ray_driver_child import RAY_THREADS, in_child
+
+    if in_child():
+        return
+    running = [n for n in threads_alive()["native"] if n.startswith(RAY_THREADS)]
+    if running:
+        pytest.fail(f"a test started a Ray driver in the test runner (native threads {running} now run to its exit): "
+                    "mark its module with pytestmark = pytest.mark.ray_driver (tests/ray_driver_child.py)",
+                    pytrace=False)
 
 
 def threads_alive() -> dict:

@@ -8,6 +8,8 @@ import time
 import pytest
 import ray  # noqa: E402
 
+pytestmark = pytest.mark.ray_driver  # starts a Ray driver: runs in a child interpreter
+
 
 @pytest.fixture(scope="module")
 def local_ray():

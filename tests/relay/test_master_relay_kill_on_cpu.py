@@ -12,7 +12,7 @@ import pytest
 import ray  # noqa: E402
 import torch
 
-pytestmark = pytest.mark.e2e  # a local Ray cluster starts in ~20-40 s on 2 cores
+pytestmark = [pytest.mark.e2e, pytest.mark.ray_driver]  # a local Ray cluster starts in ~20-40 s on 2 cores
 
 from verl_laminar.relay.group import RelayGroup  # noqa: E402
 from verl_laminar.relay.transport_spec import TransportSpec  # noqa: E402

@@ -21,6 +21,8 @@ from verl_laminar.relay.group import stale_relay_actors
 from verl_laminar.relay.store import RelayStore
 from verl_laminar.trainer.runtime import relay_nodes
 
+pytestmark = pytest.mark.ray_driver  # starts a Ray driver: runs in a child interpreter
+
 
 def _node(nid, alive=True):
     return {"NodeID": nid, "NodeManagerAddress": f"10.0.0.{ord(nid[-1])}", "Alive": alive}

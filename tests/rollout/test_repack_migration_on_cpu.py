@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.ray_driver]
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "logprobs": True}
 
