@@ -25,6 +25,8 @@ def test_plain():
 
 def run_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(CONFTEST.read_text())
+    plugin = CONFTEST.parent / "ray_driver_child.py"  # the conftest's own plugin
+    (tmp_path / plugin.name).write_text(plugin.read_text())
     (tmp_path / "test_gate.py").write_text(SUITE)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
