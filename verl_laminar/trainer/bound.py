@@ -27,14 +27,16 @@ def wait_to_publish(router: Any, version: int, k: Optional[int], health: Callabl
 
         get = ray.get
     t0 = logged = clock()
+    held = False  # some poll found groups blocking: only then is the wait worth a line
     while True:
         blocking = get(router.hold_publish.remote(int(version)))
         if not blocking:
             waited = clock() - t0
-            if waited > 0:
+            if held:
                 logger.info("laminar: version %d published after %.1f s waiting for the groups older than the "
                             "staleness bound %d", version, waited, k)
             return waited
+        held = True
         health()
         now = clock()
         if now - logged >= LOG_EVERY_S:
