@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -79,6 +80,19 @@ class RestartRuns:
         return self.out / "checkpoints" / "laminar_timeline.jsonl"  # run 1's records, then run 2's (appended)
 
 
+# the lines that tell how the work in flight at the trainer's kill fared: which groups the pool held whole, which
+# prompts the resume re-issued and from where its uids continued, which groups were adopted or generated again
+STORY = re.compile(r"killing the trainer process|Restored \d+ training prompt|Re-issued \d+|re-issuing the checkpoint|"
+                   r"prompt uids continue|laminar\.fleet:|group \S+: |laminar\.run_until|AwaitedEventMissing")
+
+
+def story(log1: str, log2: str) -> str:
+    """What a failed restart run's two logs say of the kill, the resume and the adoption (a CI failure prints it)."""
+    pick = [f"run {i}: {line[-400:]}" for i, log in ((1, log1), (2, log2)) for line in log.splitlines()
+            if STORY.search(line)]
+    return "\n".join(pick[-80:]) + "\n---- the tail of run 2's log ----\n"
+
+
 def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
     # the pool gets a chunk every 8 tokens or 0.2 s (both runs): a request killed mid-generation has tokens there,
     # and the trainer's kill finds whole groups streaming before this 64-token workload's responses end (with the
@@ -112,6 +126,6 @@ def restart_runs(model: Path, out: Path) -> RestartRuns:
         finally:
             for k, v in saved.items():
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    assert rc2 == 0, log2[-6000:]
+    assert rc2 == 0, story(log1, log2) + log2[-6000:]
     assert probe.returncode == 0, probe.stderr[-3000:]
     return RestartRuns(out, left, rc1, log1, log2, json.loads(probe.stdout.strip().splitlines()[-1]))

@@ -15,6 +15,7 @@ A label mismatch is reported to the router (the trainer turns it into an error) 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Optional
 
@@ -28,6 +29,8 @@ from verl_laminar.rollout.pool_client import pool_enabled
 from verl_laminar.rollout.router_actor import ROUTER_NAME
 
 logger = logging.getLogger(__name__)
+# a group adopted from the pool, or generated again, is part of the run's record, as the trainer's lines
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))
 
 _START_S: dict[str, float] = {}  # uid -> when its group got a replica (per worker process)
 

@@ -187,6 +187,19 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self._uids is not None:  # with verl's dataloader state, which fixes the order the counter names
             self._uids.save(os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}"))
 
+    def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:
+        """verl re-issues the checkpoint's pending and running prompts under their uids. With a detached fleet those
+        uids are logged: the groups the pool holds whole are adopted only if a re-issue (or a later draw) names them,
+        and a resumed run that adopted nothing can then be read from its log."""
+        if self._uids is not None:
+            import transfer_queue as tq
+
+            items = (tq.kv_list(partition_id) or {}).get(partition_id, {})
+            uids = sorted(k for k, tag in items.items()
+                          if tag.get("is_prompt", False) and tag.get("status") in ("pending", "running"))
+            logger.info("laminar.fleet: re-issuing the checkpoint's in-flight prompts %s", uids)
+        return super()._reissue_inflight_prompts(partition_id)
+
     def _load_checkpoint(self):
         out = super()._load_checkpoint()
         if self._uids is not None and self.global_steps > 0:
