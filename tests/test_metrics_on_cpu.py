@@ -42,6 +42,25 @@ def test_missing_values_are_left_out_not_zeroed():
     assert not any(k.startswith(m.STALENESS_HIST_PREFIX) for k in out)
 
 
+def test_staleness_histogram_off_leaves_out_the_bins_and_keeps_the_other_staleness_metrics():
+    """laminar.metrics.staleness_histogram=false: no laminar/staleness/hist_<k>; mean, quantiles, max, count stay."""
+    on, off = m.snapshot_to_metrics(snapshot()), m.snapshot_to_metrics(snapshot(), histogram=False)
+    bins = {k for k in on if k.startswith(m.STALENESS_HIST_PREFIX)}
+    assert bins == {m.staleness_hist(k) for k in range(4)}
+    assert set(on) - set(off) == bins
+    assert {k: on[k] for k in off} == off
+    assert {m.STALENESS_MEAN, m.STALENESS_P50, m.STALENESS_P90, m.STALENESS_MAX, m.STALENESS_COUNT} <= set(off)
+
+
+def test_the_trainer_passes_laminar_metrics_staleness_histogram():
+    """LaminarTrainer._compute_metrics flattens its snapshot with the key's value (read here from its source: the
+    trainer module imports verl and Ray)."""
+    tree = ast.parse((PACKAGE / "trainer" / "laminar_trainer.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "lm.snapshot_to_metrics"]
+    assert [[ast.unparse(k.value) for k in c.keywords if k.arg == "histogram"] for c in calls] == [
+        ["self.laminar.metrics.staleness_histogram"]]
+
+
 def test_unknown_ledger_count_names_the_fix():
     with pytest.raises(KeyError, match="_COUNT_NAMES"):
         m.snapshot_to_metrics(snapshot(counts={"regenerated": 1}))

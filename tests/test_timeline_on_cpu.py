@@ -3,7 +3,9 @@ times become Unix times through the router's own clock pair."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +89,16 @@ def test_router_times_convert_with_the_routers_own_clock_pair():
 
 def test_default_path_is_in_the_checkpoint_dir():
     assert tl.default_path("ckpts") == "ckpts/laminar_timeline.jsonl"
+
+
+def test_laminar_timeline_path_names_the_file_the_run_writes():
+    assert tl.run_path("runs/a/timeline.jsonl", "ckpts") == "runs/a/timeline.jsonl"
+    assert tl.run_path(None, "ckpts") == tl.default_path("ckpts")
+    # LaminarTrainer opens the file run_path names for the key (read from its source: it imports verl and Ray)
+    source = (Path(tl.__file__).parent / "trainer" / "laminar_trainer.py").read_text()
+    calls = [ast.unparse(n) for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.Call) and ast.unparse(n.func) == "tl.run_path"]
+    assert calls == ["tl.run_path(self.laminar.timeline.path, str(self.config.trainer.default_local_dir))"]
 
 
 def test_timeline_imports_no_gpu_stack():

@@ -117,8 +117,10 @@ def replica_version(replica_id: int) -> str:
     return REPLICA_VERSION_TEMPLATE.format(replica_id)
 
 
-def snapshot_to_metrics(snap: AccountingSnapshot) -> dict[str, float]:
-    """Flatten one step's accounting into tracker metrics; absent values (no previous publication) are left out."""
+def snapshot_to_metrics(snap: AccountingSnapshot, histogram: bool = True) -> dict[str, float]:
+    """Flatten one step's accounting into tracker metrics; absent values (no previous publication) are left out.
+    ``histogram`` (``laminar.metrics.staleness_histogram``): False leaves out the ``laminar/staleness/hist_<k>`` bins;
+    the mean, quantiles, max and count stay."""
     s = snap.staleness
     out: dict[str, float] = {
         STALENESS_MEAN: float(s.mean), STALENESS_P50: float(s.p50), STALENESS_P90: float(s.p90),
@@ -126,7 +128,7 @@ def snapshot_to_metrics(snap: AccountingSnapshot) -> dict[str, float]:
         STALENESS_COUNT: float(s.count), STEP_TOKENS: float(snap.step_tokens),
         TRAINER_WAIT: float(snap.trainer_wait_s), ROLLOUT_WAIT: float(snap.rollout_wait_s),
     }
-    for k, c in s.hist:
+    for k, c in s.hist if histogram else ():
         out[staleness_hist(k)] = float(c)
     if snap.tokens_per_s is not None:
         out[THROUGHPUT] = float(snap.tokens_per_s)

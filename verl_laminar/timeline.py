@@ -86,6 +86,11 @@ def default_path(local_dir: str) -> str:
     return os.path.join(local_dir, FILE_NAME)
 
 
+def run_path(configured: Optional[str], local_dir: str) -> str:
+    """The file a run writes: ``laminar.timeline.path`` when set, else ``default_path(local_dir)``."""
+    return configured or default_path(local_dir)
+
+
 def to_json(rec: Record) -> str:
     body = dataclasses.asdict(rec)
     if isinstance(rec, Step):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_laminar.policy.adopt import Adoption, PoolPiece, adopt_group, adoptable_when_done
+from verl_laminar.policy.adopt import Adoption, PoolPiece, adopt_group, adoptable_when_done, asks_the_pool
 from verl_laminar.pool.partial import PartialPool
 
 
@@ -108,3 +108,16 @@ def test_adoptable_groups_counts_the_groups_a_crash_now_would_leave_whole(tmp_pa
     assert pool.adoptable_groups(2) == ["g", "h"] and pool.adoptable_groups(2, running=True) == ["g"]
     pool.close("g.0")
     assert pool.adoptable_groups(2) == ["h"]
+
+
+def test_only_the_agent_loops_of_laminar_fleet_adopt_agents_ask_the_pool():
+    from verl_laminar.config.schema import FleetConfig
+
+    fleet = FleetConfig(detached=True)  # the default list: single_turn_agent, laminar_skewed
+    assert asks_the_pool(fleet, True, "single_turn_agent") and asks_the_pool(fleet, True, "laminar_skewed")
+    assert not asks_the_pool(fleet, True, "tool_agent")  # multi-turn: generated again
+    tools = FleetConfig(detached=True, adopt_agents=("tool_agent",))
+    assert asks_the_pool(tools, True, "tool_agent") and not asks_the_pool(tools, True, "single_turn_agent")
+    assert not asks_the_pool(FleetConfig(), True, "single_turn_agent")  # not detached: nothing outlived the trainer
+    assert not asks_the_pool(fleet, False, "single_turn_agent")  # no pool, nothing to adopt
+    assert not asks_the_pool(None, True, "single_turn_agent")  # no laminar block

@@ -18,9 +18,16 @@ the tool outputs between turns are not in the pool, so it is generated again.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 ADOPTED_REPLICA = -2  # the replica id of an adopted group's pin: it runs on none (-1 is UNLOADED's version)
+
+
+def asks_the_pool(fleet: Any, pool_on: bool, agent_name: Optional[str]) -> bool:
+    """Whether a re-issued group is looked up in the pool before it is generated: ``fleet`` (``laminar.fleet``, None
+    without a laminar block) detached, the pool on, and the group's agent loop one of ``laminar.fleet.adopt_agents``
+    (a multi-turn loop's tool outputs are not in the pool, so its groups are generated again)."""
+    return fleet is not None and bool(fleet.detached) and pool_on and agent_name in set(fleet.adopt_agents)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.policy.adopt import asks_the_pool
 from verl_laminar.rollout.client import ADOPTED, GROUP_PIN, SESSION, check_label
 from verl_laminar.rollout.pool_client import pool_enabled
 from verl_laminar.rollout.router_actor import ROUTER_NAME
@@ -53,10 +54,8 @@ class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         """With a detached fleet (``laminar.fleet.detached``), a re-issued group whose whole responses the pool holds
         (its predecessor's replica finished them while the trainer was down) is adopted; None: generate it."""
         fleet = OmegaConf.select(self.config, "laminar.fleet")
-        if fleet is None or not fleet.detached or not pool_enabled(self.config):
+        if not asks_the_pool(fleet, pool_enabled(self.config), prompt.get("agent_name")):
             return None
-        if prompt.get("agent_name") not in set(fleet.adopt_agents):
-            return None  # multi-turn: the pool lacks the tool outputs between turns
         if self._laminar_pool_handle is None:
             from verl_laminar.pool.actor import POOL_NAME
 

@@ -127,9 +127,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if kill is not None and kill not in {r.replica_id for r in replicas}:
             raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
                              f"{sorted(r.replica_id for r in replicas)}")
-        from verl_laminar.platform.cpu import cpu_platform_requested
-
-        if self.laminar.cpu_priority and cpu_platform_requested():
+        if runtime.cpu_priority_on(self.laminar):
             runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
         gpb = runtime.groups_per_batch(self.config, len(replicas))
         runtime.check_warmup(self.config, len(replicas), gpb)
@@ -161,11 +159,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
     def _on_replica_join(self, replica) -> None:
         """A replacement is about to take work (called from the replacement thread)."""
-        from verl_laminar.platform.cpu import cpu_platform_requested
-
         self._replicas.append(replica)
         self._killer.track(replica)
-        if self.laminar.cpu_priority and cpu_platform_requested():
+        if runtime.cpu_priority_on(self.laminar):
             runtime.apply_cpu_priority([], [replica.server])
 
     def get_llm_client(self):
@@ -231,7 +227,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         return out
 
     def _open_timeline(self, resumed: bool) -> None:
-        path = self.laminar.timeline.path or tl.default_path(str(self.config.trainer.default_local_dir))
+        path = tl.run_path(self.laminar.timeline.path, str(self.config.trainer.default_local_dir))
         # a resumed run continues the file (its run header marks the restart); a fresh one starts it anew
         self._timeline = tl.TimelineWriter(path, append=resumed)
         self._timeline.write([tl.RunStart(time.time(), len(self._replicas))])
@@ -300,7 +296,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         # the router measured the replicas' refresh time since the last step; fold it in as one interval
         self.accounting.rollout_wait.begin("replicas", 0.0)
         self.accounting.rollout_wait.end("replicas", snap_router["rollout_wait_s"])
-        out = lm.snapshot_to_metrics(self.accounting.snapshot(global_steps, trained))
+        out = lm.snapshot_to_metrics(self.accounting.snapshot(global_steps, trained),
+                                     histogram=self.laminar.metrics.staleness_histogram)
         stats = self.replay_buffer.experience.stats()
         out.update(lm.buffer_metrics(stats.ready_groups, stats.partial_groups, stats.duplicates,
                                      stats.discarded_groups))

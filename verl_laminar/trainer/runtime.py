@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -278,6 +278,18 @@ def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = Fa
     logger.warning("%s: %s replica %d (%s of PIDs %s)", why, "stopped" if hang else "killed", replica.replica_id,
                    sig.name, pids)
     return pids
+
+
+def cpu_priority_on(laminar: Any, cpu_platform: Optional[Callable[[], bool]] = None) -> bool:
+    """Whether the trainer renices its processes (``apply_cpu_priority``): ``laminar.cpu_priority`` and the CPU
+    platform (``cpu_platform``: the platform decision, ``platform.cpu.cpu_platform_requested`` unless given)."""
+    if not laminar.cpu_priority:
+        return False
+    if cpu_platform is None:
+        from verl_laminar.platform.cpu import cpu_platform_requested
+
+        return bool(cpu_platform_requested())
+    return bool(cpu_platform())
 
 
 def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
