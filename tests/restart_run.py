@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laminar_testing import run_cpu_laminar
+from verl_laminar import stepfile
 from verl_laminar.policy.until import ENDED
 
 NAMESPACE = "laminar_resume_e2e"
@@ -74,6 +75,12 @@ class RestartRuns:
         ended = ENDED.findall(self.log2)
         assert len(ended) == 1, f"run 2 did not end on its events {RUN2_EVENTS}: {self.log2[-3000:]}"
         return int(ended[0][0])
+
+    def run2(self):
+        """Run 2's steps, from the step file both runs wrote (run 1's first, then run 2's, appended)."""
+        from verl_laminar.report.runlog import RunRecord
+
+        return RunRecord.from_step_file("laminar", self.out / "checkpoints" / stepfile.FILE_NAME, last_run_only=True)
 
     @property
     def timeline(self) -> Path:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from verl_laminar import stepfile, timeline
 from verl_laminar.report.runlog import RunRecord
 
 logger = logging.getLogger("verl_laminar.smoke")
@@ -63,12 +64,15 @@ def plan(gpus: int, steps: int, bucket_mb: float, out: Path, model: Optional[str
 
 
 def evaluate(log: str, steps: int, replicas: int, exit_code: int, shm_before: set[str],
-             shm_after: set[str]) -> dict:
+             shm_after: set[str], run: Optional[RunRecord] = None) -> dict:
     """The verdict on a finished run (pure: the log text and two listings of the relay store root). ``steps``: the
-    run's cap; a run that ended earlier on its awaited events (laminar.run_until) trained every step up to that."""
+    run's cap; a run that ended earlier on its awaited events (laminar.run_until) trained every step up to that.
+    ``run``: the steps the run wrote to its step file (``verl_laminar.stepfile``); None reads verl's console lines
+    in ``log``, for a run that left no step file."""
     from verl_laminar.policy.until import ended_at
 
-    run = RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
+    if run is None:
+        run = RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
     ended = ended_at(log)
     last = ended if ended is not None and ended <= steps else steps
     loads: dict[int, list[int]] = {}
@@ -132,7 +136,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(log_path, "w") as log:
         code = run_command(cmd, args.limit_s, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
                            cwd=REPO)
-    verdict = evaluate(log_path.read_text(errors="replace"), args.steps, gpus - 1, code, before, shm_entries())
+    steps_file = stepfile.path_beside(args.out / "checkpoints" / timeline.FILE_NAME)  # the recipe's default_local_dir
+    run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else None
+    verdict = evaluate(log_path.read_text(errors="replace"), args.steps, gpus - 1, code, before, shm_entries(), run)
     verdict.update(wall_s=round(time.monotonic() - t0, 1), gpus=gpus, log=str(log_path))
     sys.stdout.write(json.dumps(verdict, indent=2) + "\n")
     return 0 if verdict["ok"] else 1

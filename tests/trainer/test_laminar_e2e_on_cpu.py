@@ -38,8 +38,9 @@ import sys
 import pytest
 
 from laminar_testing import REPO
+from verl_laminar import stepfile
 from verl_laminar.policy.until import ended_at
-from verl_laminar.report.runlog import STALENESS_HIST, RunRecord
+from verl_laminar.report.runlog import STALENESS_HIST, RunRecord, parse_step_line
 from verl_laminar.smoke import RUN_UNTIL, evaluate, shm_entries
 
 pytestmark = [
@@ -67,7 +68,9 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
     proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
                            f"trainer.rollout_data_dir={out / 'rollouts'}",  # verl dumps every trained sample
                            "laminar.relay.transport=mooncake", f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]",
-                           f"laminar.buffer.max_staleness={BOUND}"],
+                           f"laminar.buffer.max_staleness={BOUND}",
+                           # verl's console tracker off: every step metric read below comes from the run's step file
+                           "trainer.logger=[]"],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     log = proc.stdout + proc.stderr
     (out / "laminar.log").write_text(log)  # a plain console log: the report reads *.log
@@ -75,10 +78,17 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
     assert proc.returncode == 0, log[-4000:]
     RUN_DIR["steps"] = steps = ended_at(log)
     assert steps is not None, f"the run did not end on its awaited events {RUN_UNTIL}: {log[-3000:]}"
-    VERDICT.update(evaluate(log, MAX_STEPS, 2, proc.returncode, before, shm_entries()))
+    run = RunRecord.from_step_file("laminar", out / "checkpoints" / stepfile.FILE_NAME)
+    assert parse_step_line_in(log) is None, "verl's console tracker was off, yet a step line was printed"
+    VERDICT.update(evaluate(log, MAX_STEPS, 2, proc.returncode, before, shm_entries(), run))
     samples = [json.loads(line) for step in range(1, steps + 1)
                for line in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
-    return log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), samples
+    return log, run, samples
+
+
+def parse_step_line_in(log: str):
+    """The first console step line of ``log`` (verl's console tracker), or None."""
+    return next((p for p in map(parse_step_line, log.splitlines()) if p is not None), None)
 
 
 def test_gpu_smoke_verdict_passes_this_run(laminar_run):

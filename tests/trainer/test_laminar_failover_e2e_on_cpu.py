@@ -17,6 +17,7 @@ import pytest
 
 import restart_run
 from laminar_testing import run_cpu_laminar
+from verl_laminar import stepfile
 from verl_laminar.report.runlog import RunRecord
 from verl_laminar.timeline import Load, Publish, Trajectory, read_timeline
 
@@ -52,7 +53,7 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
     fault = request.param
     if fault == "kill":
         runs = request.getfixturevalue("restart_runs")
-        log, timeline, steps = runs.log2, read_timeline(runs.timeline), runs.last_step
+        log, timeline, steps, run = runs.log2, read_timeline(runs.timeline), runs.last_step, runs.run2()
     else:
         out = tmp_path_factory.mktemp(f"cpu_laminar_failover_{fault}")
         # the pool gets a chunk every 8 tokens or 0.2 s, so a request killed mid-generation has tokens there
@@ -65,7 +66,8 @@ def failover_run(request, tiny_model_dir, tmp_path_factory):
         (out / "log.txt").write_text(log)
         assert rc == 0, log[-6000:]
         timeline = read_timeline(out / "checkpoints" / "laminar_timeline.jsonl")
-    return fault, log, RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines()), timeline, steps
+        run = RunRecord.from_step_file("laminar", out / "checkpoints" / stepfile.FILE_NAME)
+    return fault, log, run, timeline, steps
 
 
 def test_the_run_trains_every_step_after_a_replica_dies(failover_run):

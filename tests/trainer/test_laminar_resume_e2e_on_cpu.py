@@ -15,7 +15,6 @@ import re
 import pytest
 
 from restart_run import KILL_AFTER, RUN2_EVENTS
-from verl_laminar.report.runlog import RunRecord
 
 # two runs, ~15 min and ~10 GB on a 2-core host, shared with the failover e2e  # timeout: the runs plus their checks
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
@@ -35,7 +34,7 @@ def test_the_rerun_resumes_and_trains_the_rest_once_on_one_version(restart_runs)
     assert re.search(rf"Resuming from .*global_step_{KILL_AFTER}", log2), log2[-3000:]
     adopted = re.search(rf"laminar: resumed at step {KILL_AFTER}; (\d+) finished trajectories", log2)
     assert adopted, log2[-3000:]
-    run = RunRecord("laminar").feed_all((0.0, line) for line in log2.splitlines())
+    run = restart_runs.run2()
     end = restart_runs.last_step  # the step after which its awaited events had happened (laminar.run_until)
     assert sorted(run.steps) == list(range(KILL_AFTER + 1, end + 1))
     assert "InvariantViolation" not in log2
@@ -55,7 +54,7 @@ def test_the_rollouts_generated_while_the_trainer_was_down_and_that_work_was_tra
                      log2), log2[-3000:]
     # the live ones at the end: replica 0 and the replacement of the replica killed on the way
     assert re.search(r"laminar.fleet: ended the 2 detached replicas at the run's end", log2), log2[-3000:]
-    run = RunRecord("laminar").feed_all((0.0, line) for line in log2.splitlines())
+    run = restart_runs.run2()
     last = run.steps[restart_runs.last_step]
     assert last["laminar/fleet/tokens_while_trainer_down"] > 0, last
     assert last["laminar/fleet/adopted_trajectories"] > 0, last

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from verl_laminar import stepfile
 from verl_laminar import timeline as tl
 from verl_laminar.report.runlog import RunRecord, read_log
 
@@ -121,6 +122,13 @@ def load_run(run_dir: Path, source_json: Optional[Path] = None) -> RunInputs:
     for log in logs:
         name = _mode_name(run_dir, log, {m.name for m in modes})
         record, stamped = read_log(log, name)
+        if not record.steps:
+            # verl's console tracker off (trainer.logger without console): the Laminar run's step file beside it
+            found = sorted(log.parent.rglob(stepfile.FILE_NAME))
+            if len(found) == 1:
+                record, stamped = RunRecord.from_step_file(name, found[0]), True  # wall times of its own
+                logger.info("%s: no verl step lines; its steps from %s", log.relative_to(run_dir),
+                            found[0].relative_to(run_dir))
         if not record.steps:
             logger.info("%s: no verl step lines; not a training run's log, skipped", log.relative_to(run_dir))
             continue

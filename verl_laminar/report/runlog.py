@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from pathlib import Path
+from typing import Iterable, Optional, Union
 
 from verl_laminar import metrics as lm
 
@@ -88,6 +89,25 @@ class RunRecord:
         for t, line in lines:
             self.feed(line, t)
         return self
+
+    @classmethod
+    def from_step_file(cls, name: str, path: Union[str, Path], last_run_only: bool = False,
+                       started: Optional[float] = None) -> "RunRecord":
+        """The steps a run wrote to its step file (``verl_laminar.stepfile``), no console needed. ``last_run_only``:
+        only the last (re)start's steps (a resumed run appends to its predecessor's file). ``seen_s`` is each
+        step's time since ``started`` (Unix seconds; default the first step's run start is unknown, so the first
+        step read counts as 0)."""
+        from verl_laminar.stepfile import read_step_file
+
+        lines = read_step_file(path)
+        if last_run_only and lines:
+            lines = [s for s in lines if s.run == lines[-1].run]
+        rec = cls(name)
+        t0 = started if started is not None else (lines[0].t if lines else 0.0)
+        for s in lines:
+            rec.steps[s.step] = dict(s.metrics)
+            rec.seen_s[s.step] = s.t - t0
+        return rec
 
 
 def _mean(values: list[float]) -> Optional[float]:

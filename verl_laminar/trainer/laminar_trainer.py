@@ -26,6 +26,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
 from verl_laminar import metrics as lm
+from verl_laminar import stepfile
 from verl_laminar import timeline as tl
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
@@ -58,6 +59,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.relay_group = None
         self._replicas: list = []
         self._timeline: tl.TimelineWriter | None = None
+        self._steps: stepfile.StepFileWriter | None = None
         self.pool = None  # the partial-response pool actor (laminar.pool.enabled)
         self._hang_watch = None  # trainer.hang.HangWatch: kills a replica that holds requests and streams nothing
         self._replacer = None  # fleet.replacement.ReplacementLoop: a new replica for each dead one
@@ -232,7 +234,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._timeline = tl.TimelineWriter(path, append=resumed)
         self._timeline.write([tl.RunStart(time.time(), len(self._replicas))])
         self._timeline.flush()
-        logger.info("laminar: timeline in %s (python -m verl_laminar.report reads it)", path)
+        self._steps = stepfile.StepFileWriter(stepfile.path_beside(path), append=resumed, t=time.time())
+        logger.info("laminar: timeline in %s (python -m verl_laminar.report reads it), step metrics in %s", path,
+                    self._steps.path)
 
     def on_init_end(self) -> None:
         version = int(self.global_steps)
@@ -321,6 +325,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             self._timeline.write([tl.Step(int(global_steps), time.time(), out[lm.TRAINER_WAIT], out[lm.ROLLOUT_WAIT],
                                           tuple(sorted(r.staleness for r in trained)))])
             self._timeline.flush()  # a crashed run keeps every step it finished
+        if self._steps is not None:  # every metric verl logs for this step, whatever trainer.logger holds
+            self._steps.write(int(global_steps), time.time(), metrics)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,
                     sorted(r.staleness for r in trained), snap_router["versions"],
                     self.replay_buffer.checked_trajectories)
@@ -355,6 +361,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self._timeline is not None:
             self._timeline.close()
             self._timeline = None
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
         logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
                     self.accounting.ledger.counts())
         if self.router is not None:
