@@ -139,8 +139,13 @@ def test_replicas_pull_trained_versions_on_their_own_refresh(laminar_run):
 
 def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     """Repack ran (every REPACK_INTERVAL s and after each publication) without costing a trajectory: the
-    checks above count every migrated one too. Whether a round finds a tail to move depends on timing."""
-    _, run, _ = laminar_run
+    checks above count every migrated one too. Whether a round finds a tail to move depends on timing. B was
+    measured on replica 0 at start-up (rollout.decode_profile) and is the router's."""
+    log, run, _ = laminar_run
+    measured = re.search(r"laminar\.repack: B = (\d+) from replica 0's decode profile \(ms per step by batch: "
+                         r"\{1: [\d.]+, 2: [\d.]+, 4: [\d.]+, 8: [\d.]+, 16: [\d.]+\}", log)
+    assert measured, log[-3000:]
+    assert f"RepackConfig(c_max=0.99, max_batch={measured.group(1)})" in log
     steps = RUN_DIR["steps"]
     last = run.steps[steps]
     assert last["laminar/repack/rounds"] >= steps, last

@@ -142,11 +142,15 @@ def test_repack_is_on_by_default_and_one_key_turns_it_off(recipe_cfg, monkeypatc
     monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "1")
     cfg = recipe_cfg.copy()
     assert cfg.actor_rollout_ref.rollout.disable_log_stats is False  # the monitor reads vLLM's stats
-    settings = runtime.repack_settings(runtime.prepare_config(cfg))
-    assert settings.policy.max_batch == runtime.CPU_MEASURED_B and settings.interval_s == 5.0
+    # on the CPU platform B is measured on a replica (rollout.decode_profile); without one the error names the key
+    with pytest.raises(ValueError, match="set laminar.repack.max_batch_b"):
+        runtime.repack_settings(runtime.prepare_config(cfg))
+    settings = runtime.repack_settings(runtime.prepare_config(cfg), lambda: 5)
+    assert settings.policy.max_batch == 5 and settings.interval_s == 5.0
     assert settings.policy.c_max == 0.99
     assert runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.enabled=false"]))) is None
-    pinned = runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])))
+    pinned = runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])),
+                                     lambda: pytest.fail("B set by the key: nothing is measured"))
     assert pinned.policy.max_batch == 64
 
 

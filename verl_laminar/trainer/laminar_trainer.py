@@ -119,6 +119,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             self._fleet_beat = outlive.Heartbeat(outlive.open_manifest(), self.laminar.heartbeat.interval_s)
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
+        from verl_laminar.rollout.decode_profile import replica_b
         from verl_laminar.rollout.router_actor import RefreshSettings, spawn_router
 
         self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
@@ -133,7 +134,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
         gpb = runtime.groups_per_batch(self.config, len(replicas))
         runtime.check_warmup(self.config, len(replicas), gpb)
-        repack = runtime.repack_settings(self.laminar)
+        repack = runtime.repack_settings(self.laminar, lambda: replica_b(
+            replicas[0].server, int(self.config.actor_rollout_ref.rollout.max_num_seqs)))
         self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
                                    repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),

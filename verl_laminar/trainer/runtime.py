@@ -310,20 +310,17 @@ def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     return out
 
 
-# B measured on vLLM-CPU with the fixture model by `python -m verl_laminar.bench.repack`
-# (docs/results/bench_repack_2026-11-30.json): decode step 21.4 / 25.3 / 26.5 / 30.4 / 36.9 ms at batch
-# 1 / 2 / 4 / 8 / 16, so the compute slope never reaches the single-sequence step within 16 (an earlier
-# profile with the other core busy gave 4). Set laminar.repack.max_batch_b to override.
-CPU_MEASURED_B = 16
-
-
-def default_max_batch() -> int:
-    """B for the rollout hardware when laminar.repack.max_batch_b is null."""
+def default_max_batch(measure_cpu: Optional[Callable[[], int]] = None) -> int:
+    """B for the rollout hardware when laminar.repack.max_batch_b is null: on the CPU platform what
+    ``measure_cpu`` measures on a replica (``rollout.decode_profile``), on a GPU the roofline ridge of the device."""
     from verl_laminar.platform.cpu import cpu_platform_requested
     from verl_laminar.policy.roofline import DEVICES
 
     if cpu_platform_requested():
-        return CPU_MEASURED_B
+        if measure_cpu is None:
+            raise ValueError("laminar.repack.max_batch_b is null on the CPU platform and no replica is there to "
+                             "measure B on; set laminar.repack.max_batch_b")
+        return measure_cpu()
     name = ""
     try:
         import torch
@@ -340,12 +337,14 @@ def default_max_batch() -> int:
     return max(1, int(spec.peak_flops * 2 / (2 * spec.hbm_bandwidth)))
 
 
-def repack_settings(laminar: Any) -> Optional[Any]:
-    """The router's repack settings from the typed laminar config; None when laminar.repack.enabled=false."""
+def repack_settings(laminar: Any, measure_cpu: Optional[Callable[[], int]] = None) -> Optional[Any]:
+    """The router's repack settings from the typed laminar config; None when laminar.repack.enabled=false.
+    ``measure_cpu``: B measured on a replica, used on the CPU platform when laminar.repack.max_batch_b is null."""
     from verl_laminar.policy.repack import RepackConfig as RepackPolicy
     from verl_laminar.rollout.router import RepackSettings
 
     r = laminar.repack
     if not r.enabled:
         return None
-    return RepackSettings(RepackPolicy(c_max=r.c_max, max_batch=r.max_batch_b or default_max_batch()), r.interval_s)
+    return RepackSettings(RepackPolicy(c_max=r.c_max, max_batch=r.max_batch_b or default_max_batch(measure_cpu)),
+                          r.interval_s)
