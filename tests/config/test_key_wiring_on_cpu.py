@@ -39,7 +39,7 @@ def test_cpu_priority_renices_only_when_on_and_on_the_cpu_platform():
 
 # ---- laminar.repack.interval_s ----
 def test_repack_rounds_run_every_interval_s():
-    from verl_laminar.policy.repack import RepackConfig as RepackPolicy
+    from verl_laminar.policy.repack import RepackPolicy
     from verl_laminar.rollout.repack import RepackRounds
     from verl_laminar.rollout.repack_driver import RepackDriver
     from verl_laminar.trainer.runtime import repack_settings

@@ -161,7 +161,7 @@ def test_random_runs_end_to_end_nothing_lost_nothing_mixed():
     rng = random.Random(1)
     for trial in range(25):
         n, replicas = rng.randint(1, 4), rng.randint(1, 4)
-        cfg = d.DispatchConfig(rng.randint(1, 3))
+        cfg = d.DispatchPolicy(rng.randint(1, 3))
         state, queue, newest = d.initial_state(range(replicas), 0), [], 0
         buf, acc = ExperienceBuffer(clock=lambda: 0.0), Accounting()
         turns_left: dict[str, int] = {}

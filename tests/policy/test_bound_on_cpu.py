@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verl_laminar.policy.bound import StalenessBound
-from verl_laminar.policy.dispatch import Assignment, DispatchConfig, DispatchState, ReplicaState, plan_dispatch
+from verl_laminar.policy.dispatch import Assignment, DispatchPolicy, DispatchState, ReplicaState, plan_dispatch
 
 
 def test_unbounded_admits_everything_and_waits_for_nothing():
@@ -41,7 +41,7 @@ def test_bad_bounds_raise_naming_the_key(k):
 
 def test_dispatch_gives_no_group_to_a_replica_below_the_floor():
     state = DispatchState((ReplicaState(0, 1), ReplicaState(1, 3)))
-    plan = plan_dispatch(state, ["g1", "g2", "g3"], 3, DispatchConfig(groups_per_batch=2), floor=2)
+    plan = plan_dispatch(state, ["g1", "g2", "g3"], 3, DispatchPolicy(groups_per_batch=2), floor=2)
     assert [(a.group_id, a.replica_id) for a in plan.assignments] == [("g1", 1), ("g2", 1)]
     assert plan.waiting == ("g3",)
     # the stale replica's batch has ended: it refreshes to the newest version, after which it takes groups again

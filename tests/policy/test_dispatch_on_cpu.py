@@ -6,9 +6,9 @@ import pytest
 
 from verl_laminar.policy.dispatch import (
     Assignment,
-    DispatchConfig,
     DispatchError,
     DispatchPlan,
+    DispatchPolicy,
     RefreshDecision,
     ReplicaState,
     RoutingError,
@@ -24,7 +24,7 @@ from verl_laminar.policy.dispatch import (
     route,
 )
 
-CFG = DispatchConfig(groups_per_batch=2)
+CFG = DispatchPolicy(groups_per_batch=2)
 
 
 def dispatch(state, queue, newest=None, cfg=CFG):
@@ -148,7 +148,7 @@ def test_stale_plans_and_double_events_are_rejected():
     with pytest.raises(DispatchError, match="unknown replica 9"):
         state.replica(9)
     with pytest.raises(ValueError, match="groups_per_batch=0"):
-        DispatchConfig(0)
+        DispatchPolicy(0)
 
 
 def test_abandoned_refresh_keeps_old_version():
@@ -174,7 +174,7 @@ def test_random_schedules_keep_every_group_on_one_version():
     rng = random.Random(0)
     refreshes = routed = 0
     for trial in range(40):
-        cfg = DispatchConfig(rng.randint(1, 4))
+        cfg = DispatchPolicy(rng.randint(1, 4))
         state = initial_state(range(rng.randint(1, 5)), 0)
         queue, submitted, finished, newest = [], 0, set(), 0
         pinned_version: dict[str, int] = {}
@@ -234,7 +234,7 @@ def test_policy_accounting_metrics_and_buffer_import_no_runtime_packages():
 def test_add_replica_joins_empty_and_takes_moved_groups():
     from verl_laminar.policy.dispatch import add_replica, mark_dead, move_group
 
-    cfg = DispatchConfig(1)
+    cfg = DispatchPolicy(1)
     s = apply_plan(initial_state([0, 1], 3), plan_dispatch(initial_state([0, 1], 3), ["g"], 3, cfg), cfg)
     dead = s.pins["g"].replica_id
     s = add_replica(mark_dead(s, dead), 7, 3)

@@ -7,7 +7,7 @@ import pytest
 
 from verl_laminar.policy.repack import (
     Migration,
-    RepackConfig,
+    RepackPolicy,
     RolloutSnapshot,
     is_candidate,
     plan_repack,
@@ -15,7 +15,7 @@ from verl_laminar.policy.repack import (
 )
 
 CAP = 1000
-CFG = RepackConfig(c_max=0.99, max_batch=8)
+CFG = RepackPolicy(c_max=0.99, max_batch=8)
 
 
 def snap(rid, kv, n, version=0, prev=1.0, waiting=0, cap=CAP):
@@ -125,7 +125,7 @@ def test_plans_1024_candidates_under_50ms():
     rng = random.Random(0)
     fleet = [RolloutSnapshot(r, r % 2, rng.randrange(1, 900_000), 1_000_000, tuple(range(rng.randrange(1, 40))), 0, 1.0)
              for r in range(1024)]
-    cfg = RepackConfig(c_max=0.99, max_batch=221)
+    cfg = RepackPolicy(c_max=0.99, max_batch=221)
     assert sum(is_candidate(s, cfg) for s in fleet) == 1024
     best = min(_timed(plan_repack, fleet, cfg) for _ in range(5))
     plan = plan_repack(fleet, cfg)
@@ -151,7 +151,7 @@ def test_kv_history_measures_the_fall_from_the_peak():
     # the tail's caches grow a little between readings: still far below the peak, still a candidate
     assert is_candidate(h.observe(0, 3, 210, CAP, seq_ids=[1, 2]), CFG)
     # a long tail in a cache far from full can outgrow the early peak: fewer sequences still mark the tail
-    assert is_candidate(h.observe(0, 3, 950 // 1, CAP, seq_ids=[1]), RepackConfig(c_max=0.99, max_batch=8))
+    assert is_candidate(h.observe(0, 3, 950 // 1, CAP, seq_ids=[1]), RepackPolicy(c_max=0.99, max_batch=8))
     # a refresh (new version) starts a new history, so a half-filled new batch is not a tail
     assert h.observe(0, 4, 100, CAP, seq_ids=[5]).prev_kv_used is None
     h.observe(0, 4, 500, CAP, seq_ids=[5, 6])

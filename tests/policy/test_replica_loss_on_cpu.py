@@ -7,7 +7,7 @@ import pytest
 
 from verl_laminar.policy.dispatch import (
     Assignment,
-    DispatchConfig,
+    DispatchPolicy,
     DispatchState,
     ReplicaState,
     RoutingError,
@@ -18,7 +18,7 @@ from verl_laminar.policy.dispatch import (
 )
 from verl_laminar.policy.replica_loss import fail_replica
 
-CFG = DispatchConfig(groups_per_batch=2)
+CFG = DispatchPolicy(groups_per_batch=2)
 
 
 def state_with(versions, groups):

@@ -124,7 +124,7 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, const
     """A migrated tail continues on the target from prompt + partial response; under structured outputs (a regex
     over the whole response, as the guided tool-calling turn has) it restarts from its prompt instead, since the
     constraint would otherwise apply to the continuation alone. Either way the output is the whole response."""
-    from verl_laminar.policy.repack import RepackConfig
+    from verl_laminar.policy.repack import RepackPolicy
     from verl_laminar.rollout.router import RepackSettings
     from verl_laminar.rollout.vllm_metrics import VllmReading
 
@@ -139,7 +139,7 @@ def test_repack_moves_a_tail_and_the_client_resumes_it_unchanged(tmp_path, const
             peaks[address] = max(peaks.get(address, 0), kv)
             return VllmReading(kv / 10_000, len(s.live), 0, 10_000)
 
-        router, _ = router_over(servers, 1, repack=RepackSettings(RepackConfig(max_batch=4), interval_s=3600),
+        router, _ = router_over(servers, 1, repack=RepackSettings(RepackPolicy(max_batch=4), interval_s=3600),
                                 reader=reader)
         await router.start(0)
         client = LaminarLLMServerClient(_config(tmp_path), load_balancer_handle=ActorShell(router))

@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from verl_laminar.policy.dispatch import (
     Assignment,
-    DispatchConfig,
+    DispatchPolicy,
     DispatchState,
     RefreshDecision,
     ReplicaState,
@@ -19,7 +19,7 @@ from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, Replica
 from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
-CFG = DispatchConfig(groups_per_batch=2)
+CFG = DispatchPolicy(groups_per_batch=2)
 
 
 class BareHost:

@@ -2,11 +2,11 @@
 
 import pytest
 
-from verl_laminar.policy.dispatch import DispatchConfig, apply_plan, initial_state, plan_dispatch, route
-from verl_laminar.policy.repack import Migration, RepackConfig
+from verl_laminar.policy.dispatch import DispatchPolicy, apply_plan, initial_state, plan_dispatch, route
+from verl_laminar.policy.repack import Migration, RepackPolicy
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
 
-CFG = DispatchConfig(groups_per_batch=1)
+CFG = DispatchPolicy(groups_per_batch=1)
 
 
 def fleet():
@@ -48,7 +48,7 @@ def test_target_that_finished_its_own_batch_receives_nothing():
 
 
 def test_rounds_count_moves_and_kv_after_on_busy_replicas():
-    rounds = RepackRounds(RepackConfig(c_max=0.99, max_batch=8))
+    rounds = RepackRounds(RepackPolicy(c_max=0.99, max_batch=8))
     readings = [{"replica_id": i, "kv_used": u} for i, u in enumerate((0.1, 0.3, 0.5))]
     rounds.record([Migration(0, 1, 0, (1, 2), 100)], 0.02, readings)
     m = rounds.metrics.as_dict()

@@ -145,7 +145,7 @@ def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
     measured = re.search(r"laminar\.repack: B = (\d+) from replica 0's decode profile \(ms per step by batch: "
                          r"\{1: [\d.]+, 2: [\d.]+, 4: [\d.]+, 8: [\d.]+, 16: [\d.]+\}", log)
     assert measured, log[-3000:]
-    assert f"RepackConfig(c_max=0.99, max_batch={measured.group(1)})" in log
+    assert f"RepackPolicy(c_max=0.99, max_batch={measured.group(1)})" in log
     steps = RUN_DIR["steps"]
     last = run.steps[steps]
     assert last["laminar/repack/rounds"] >= steps, last

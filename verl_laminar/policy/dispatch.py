@@ -38,7 +38,7 @@ class RoutingError(DispatchError):
 
 
 @dataclass(frozen=True)
-class DispatchConfig:
+class DispatchPolicy:
     groups_per_batch: int  # prompt groups one replica takes per batch (a share of a training step)
 
     def __post_init__(self) -> None:
@@ -62,7 +62,7 @@ class ReplicaState:
     def batch_ended(self) -> bool:
         return not self.open_groups
 
-    def accepts(self, cfg: DispatchConfig) -> bool:
+    def accepts(self, cfg: DispatchPolicy) -> bool:
         return self.alive and self.refreshing_to is None and self.taken < cfg.groups_per_batch
 
 
@@ -136,7 +136,7 @@ def _newest_for(newest: Union[int, Mapping[int, int], None], replica_id: int) ->
 
 
 def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int, Mapping[int, int], None],
-                  cfg: DispatchConfig, floor: Optional[int] = None) -> DispatchPlan:
+                  cfg: DispatchPolicy, floor: Optional[int] = None) -> DispatchPlan:
     """Refresh idle replicas that are behind, then hand queued groups (FIFO) to replicas with room.
 
     A group goes to the accepting replica with the newest version (fresher data), then the one that took
@@ -166,7 +166,7 @@ def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int,
     return DispatchPlan(refreshes, tuple(assignments), tuple(waiting))
 
 
-def apply_plan(state: DispatchState, plan: DispatchPlan, cfg: DispatchConfig) -> DispatchState:
+def apply_plan(state: DispatchState, plan: DispatchPlan, cfg: DispatchPolicy) -> DispatchState:
     """Commit a plan; raises ``DispatchError`` (and changes nothing) if it no longer fits the state."""
     pins = dict(state.pins)
     reps = {r.replica_id: r for r in state.replicas}
@@ -255,7 +255,7 @@ def move_group(state: DispatchState, group_id: str, to_replica: int) -> Dispatch
     return _with(_with(state, src), dst, pins)
 
 
-def close_batch(state: DispatchState, replica_id: int, cfg: DispatchConfig) -> DispatchState:
+def close_batch(state: DispatchState, replica_id: int, cfg: DispatchPolicy) -> DispatchState:
     """The replica takes no new group until its open ones finish (a replacement that loaded an old version for a
     dead replica's groups serves only those, then refreshes to the newest)."""
     r = state.replica(replica_id)

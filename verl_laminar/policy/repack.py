@@ -55,7 +55,7 @@ class RolloutSnapshot:
 
 
 @dataclass(frozen=True)
-class RepackConfig:
+class RepackPolicy:
     c_max: float = DEFAULT_C_MAX
     max_batch: int = 256  # B: compute it with policy.roofline.compute_bound_batch
 
@@ -77,7 +77,7 @@ class Migration:
     kv_tokens: int
 
 
-def is_candidate(snap: RolloutSnapshot, cfg: RepackConfig) -> bool:
+def is_candidate(snap: RolloutSnapshot, cfg: RepackPolicy) -> bool:
     """Falling, unfilled cache and a memory-bound batch: the rollout is only finishing its tail.
 
     The paper infers "no queued work" from the falling cache; the runtime also knows the queue
@@ -88,7 +88,7 @@ def is_candidate(snap: RolloutSnapshot, cfg: RepackConfig) -> bool:
     return snap.kv_used < snap.prev_kv_used and snap.kv_used < cfg.c_max and snap.running < cfg.max_batch
 
 
-def plan_repack(snapshots: Iterable[RolloutSnapshot], cfg: RepackConfig = RepackConfig(),
+def plan_repack(snapshots: Iterable[RolloutSnapshot], cfg: RepackPolicy = RepackPolicy(),
                 recent_receivers: Iterable[int] = ()) -> list[Migration]:
     """The migrations of one repack round (empty when nothing can be merged)."""
     groups: dict[int, list[RolloutSnapshot]] = {}
@@ -115,7 +115,7 @@ def _sources_in_order(cands: Sequence[RolloutSnapshot]) -> list[RolloutSnapshot]
     return sorted(cands, key=lambda s: (s.kv_tokens, s.rollout_id))
 
 
-def _pack_uniform(cands: Sequence[RolloutSnapshot], cfg: RepackConfig, protected: frozenset[int]) -> list[Migration]:
+def _pack_uniform(cands: Sequence[RolloutSnapshot], cfg: RepackPolicy, protected: frozenset[int]) -> list[Migration]:
     """Best fit with one cache size: the fullest feasible target is a binary search away."""
     limit = int(cfg.c_max * cands[0].kv_capacity)
     kv = {s.rollout_id: s.kv_tokens for s in cands}
@@ -145,7 +145,7 @@ def _pack_uniform(cands: Sequence[RolloutSnapshot], cfg: RepackConfig, protected
     return out
 
 
-def _pack_mixed(cands: Sequence[RolloutSnapshot], cfg: RepackConfig, protected: frozenset[int]) -> list[Migration]:
+def _pack_mixed(cands: Sequence[RolloutSnapshot], cfg: RepackPolicy, protected: frozenset[int]) -> list[Migration]:
     """Best fit by utilization fraction when caches differ: a linear scan per source (rare case)."""
     kv = {s.rollout_id: s.kv_tokens for s in cands}
     run = {s.rollout_id: s.running for s in cands}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from verl_laminar import metrics as lm
-from verl_laminar.policy.dispatch import DispatchConfig, DispatchError, DispatchState, move_group
-from verl_laminar.policy.repack import KvHistory, Migration, RepackConfig, plan_repack, receivers
+from verl_laminar.policy.dispatch import DispatchError, DispatchPolicy, DispatchState, move_group
+from verl_laminar.policy.repack import KvHistory, Migration, RepackPolicy, plan_repack, receivers
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class RepackMetrics:
 
 
 class RepackRounds:
-    def __init__(self, cfg: RepackConfig) -> None:
+    def __init__(self, cfg: RepackPolicy) -> None:
         self.cfg = cfg
         self.history = KvHistory()
         self._recent: frozenset[int] = frozenset()
@@ -92,7 +92,7 @@ class RepackRounds:
 
 
 def apply_moves(state: DispatchState, plan: Sequence[Migration],
-                cfg: DispatchConfig) -> tuple[DispatchState, list[Migration]]:
+                cfg: DispatchPolicy) -> tuple[DispatchState, list[Migration]]:
     """Re-point each source's open groups to its target in the dispatcher state (pure).
 
     The plan was made from readings a moment old; a move that no longer holds is skipped: the source

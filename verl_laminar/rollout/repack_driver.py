@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from verl_laminar.policy.repack import RepackConfig as RepackPolicy
+from verl_laminar.policy.repack import RepackPolicy
 from verl_laminar.rollout.repack import RepackRounds
 
 logger = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from verl_laminar.policy.bound import StalenessBound
 from verl_laminar.policy.dispatch import (
     Assignment,
-    DispatchConfig,
     DispatchPlan,
+    DispatchPolicy,
     DispatchState,
     RefreshDecision,
     RoutingError,
@@ -76,7 +76,7 @@ class LaminarRouter(VerlBalancerProtocol):
                  chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None) -> None:
         self._book = ReplicaBook.of(replicas, relays)  # handles, relays, requests in flight (rollout.books)
         self._groups = GroupBook()  # sizes, responses finished, assignment times, validation groups
-        self._cfg = DispatchConfig(groups_per_batch)
+        self._cfg = DispatchPolicy(groups_per_batch)
         refresher = refresher or (lambda replica, version: refresh_replica(replica.workers, version))
         self._clock = clock
         self._loader = VersionLoader(self, lambda rid: self._book.relays.get(rid),

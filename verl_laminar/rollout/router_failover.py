@@ -33,8 +33,8 @@ import logging
 from typing import Any, Callable, Optional, Protocol
 
 from verl_laminar.policy.dispatch import (
-    DispatchConfig,
     DispatchPlan,
+    DispatchPolicy,
     DispatchState,
     RefreshDecision,
     RoutingError,
@@ -69,7 +69,7 @@ class FailoverHost(Protocol):
 
 
 class ReplicaFailover:
-    def __init__(self, host: FailoverHost, replicas: ReplicaBook, groups: GroupBook, cfg: DispatchConfig,
+    def __init__(self, host: FailoverHost, replicas: ReplicaBook, groups: GroupBook, cfg: DispatchPolicy,
                  replacements: int, clock: Callable[[], float]) -> None:
         self._host, self._replicas, self._groups, self._cfg, self._clock = host, replicas, groups, cfg, clock
         self.lost: set[str] = set()  # groups of a dead replica that no live replica serves at their version

@@ -340,7 +340,7 @@ def default_max_batch(measure_cpu: Optional[Callable[[], int]] = None) -> int:
 def repack_settings(laminar: Any, measure_cpu: Optional[Callable[[], int]] = None) -> Optional[Any]:
     """The router's repack settings from the typed laminar config; None when laminar.repack.enabled=false.
     ``measure_cpu``: B measured on a replica, used on the CPU platform when laminar.repack.max_batch_b is null."""
-    from verl_laminar.policy.repack import RepackConfig as RepackPolicy
+    from verl_laminar.policy.repack import RepackPolicy
     from verl_laminar.rollout.router import RepackSettings
 
     r = laminar.repack

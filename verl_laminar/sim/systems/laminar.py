@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from verl_laminar.policy.repack import RepackConfig, plan_repack, receivers
+from verl_laminar.policy.repack import RepackPolicy, plan_repack, receivers
 from verl_laminar.sim.costs import g2g_broadcast, pcie_load, publish_stall, relay_arrivals, relay_plan
 from verl_laminar.sim.rollout import Rollout
 from verl_laminar.sim.systems.asynchronous import AsyncBase
@@ -36,7 +36,7 @@ class Laminar(AsyncBase):
         # a CPU machine: the measured load into a running engine and the hand-off at the relay's loopback rate
         self._load = cpu.weight_load_s if cpu is not None else pcie_load(self.model, lay.tp, self.p)
         self._stall = cpu.publish_s if cpu is not None else publish_stall(self.model, self.p)
-        self.cfg = RepackConfig(c_max=self.costs.c_max, max_batch=self.costs.repack_batch)
+        self.cfg = RepackPolicy(c_max=self.costs.c_max, max_batch=self.costs.repack_batch)
         self._recent: frozenset[int] = frozenset()
         self._prev_util: dict[int, float] = {}
         self._idle: deque[tuple[Rollout, float]] = deque()
