@@ -51,7 +51,7 @@ def test_nothing_outside_the_leaves_imports_them():
 
 def test_the_check_sees_lazy_and_relative_imports(tmp_path):
     # the checker itself must catch what it is for, or the test above passes vacuously
-    src = ("def f():\n    from verl_laminar.bench.repack import Workload\n"
+    src = ("def f():\n    from verl_laminar.bench.repack import PlannedGroups\n"
            "from ..sim import params\nimport verl_laminar.chaos.faults\nfrom verl_laminar.policy import dispatch\n")
     tree = ast.parse(src)
     found = _imported_modules(tree, "verl_laminar.rollout.router")

@@ -15,7 +15,7 @@ RECORDS = [
     tl.RunStart(1000.0, 2),
     tl.Publish(0, 1001.0),
     tl.Load(0, -1, 0, 1001.5, 1003.0),
-    tl.Trajectory(0, 0, 1003.0, 1010.0, 64, 30),
+    tl.TrajectorySpan(0, 0, 1003.0, 1010.0, 64, 30),
     tl.Step(1, 1011.0, 0.25, 1.5, (0, 0, 1)),
 ]
 
@@ -77,8 +77,8 @@ def test_router_times_convert_with_the_routers_own_clock_pair():
         loaded=(Loaded(1, 4, 4998.0, 4996.5, 3), Loaded(0, 4, 4999.5, 4999.5, 3)))
     got = tl.records_from_events(events)
     assert got == [
-        tl.Trajectory(1, 3, 1_700_000_090.0, 1_700_000_095.0, 64, 30),  # assigned_s, not the worker's start_s
-        tl.Trajectory(0, 3, 1_700_000_099.0, 1_700_000_099.0, 8, 30),  # no start known: a point at its end
+        tl.TrajectorySpan(1, 3, 1_700_000_090.0, 1_700_000_095.0, 64, 30),  # assigned_s, not the worker's start_s
+        tl.TrajectorySpan(0, 3, 1_700_000_099.0, 1_700_000_099.0, 8, 30),  # no start known: a point at its end
         tl.Load(1, 3, 4, 1_700_000_096.5, 1_700_000_098.0),
         tl.Load(0, 3, 4, 1_700_000_099.5, 1_700_000_099.5),
     ]

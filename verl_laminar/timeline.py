@@ -41,7 +41,7 @@ class RunStart:
 
 
 @dataclass(frozen=True)
-class Trajectory:
+class TrajectorySpan:
     KIND: ClassVar[str] = "trajectory"
     replica: int
     version: int
@@ -78,8 +78,8 @@ class Step:
     staleness: tuple[int, ...] = ()
 
 
-Record = Union[RunStart, Trajectory, Load, Publish, Step]
-KINDS: dict[str, type] = {c.KIND: c for c in (RunStart, Trajectory, Load, Publish, Step)}
+Record = Union[RunStart, TrajectorySpan, Load, Publish, Step]
+KINDS: dict[str, type] = {c.KIND: c for c in (RunStart, TrajectorySpan, Load, Publish, Step)}
 
 
 def default_path(local_dir: str) -> str:
@@ -132,7 +132,7 @@ def records_from_events(events: RouterEvents) -> list[Record]:
         # the assignment is on the router's clock; start_s (the agent-loop worker's) only as a fallback
         start = e.assigned_s if e.assigned_s is not None else e.start_s
         start = e.finish_s if start is None else min(start, e.finish_s)
-        out.append(Trajectory(int(e.replica_id), int(e.version), clock.wall(start), clock.wall(e.finish_s),
+        out.append(TrajectorySpan(int(e.replica_id), int(e.version), clock.wall(start), clock.wall(e.finish_s),
                               int(e.response_tokens), int(e.prompt_tokens)))
     for v in events.loaded:
         out.append(Load(int(v.replica_id), int(v.from_version), int(v.version), clock.wall(v.start_s),

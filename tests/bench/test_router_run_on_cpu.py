@@ -13,7 +13,7 @@ import pytest
 
 from laminar_testing import ActorShell
 from verl_laminar import metrics as lm
-from verl_laminar.bench.repack import Workload, check_run
+from verl_laminar.bench.repack import PlannedGroups, check_run
 from verl_laminar.bench.router_run import RouterRun
 
 
@@ -46,14 +46,14 @@ class FakeEngine:
         self.loads.append(version)
 
 
-def _run(engines: dict, work: Workload, publish_every: int = 2):
+def _run(engines: dict, work: PlannedGroups, publish_every: int = 2):
     blobs = [f"bytes of v{v}" for v in range(8)]
     sampling = {"temperature": 0.0, "ignore_eos": True, "logprobs": True}
     return asyncio.run(RouterRun(engines, blobs, work, 1, publish_every, sampling, poll_s=0.01).run())
 
 
 def test_every_group_runs_on_one_version_and_publications_reach_the_replicas():
-    work = Workload.make(n_groups=8, n=3, max_tokens=96, median=20, seed=1)
+    work = PlannedGroups.make(n_groups=8, n=3, max_tokens=96, median=20, seed=1)
     engines = {i: FakeEngine(i) for i in range(2)}
     res = _run({i: ActorShell(e) for i, e in engines.items()}, work)
     assert check_run(res, work) == {"lost_trajectories": 0, "mixed_version": 0, "migrated_trajectories": 0}
@@ -69,7 +69,7 @@ def test_every_group_runs_on_one_version_and_publications_reach_the_replicas():
 
 
 def test_a_piece_that_ends_unfinished_without_a_move_stops_the_run():
-    work = Workload.make(n_groups=2, n=2, max_tokens=48, median=20, seed=1)
+    work = PlannedGroups.make(n_groups=2, n=2, max_tokens=48, median=20, seed=1)
     engines = {i: ActorShell(FakeEngine(i, unfinished=frozenset({"g0001_1.0"}))) for i in range(2)}
     with pytest.raises(RuntimeError, match=r"g0001_1\.0: ended unfinished on replica \d without being moved"):
         _run(engines, work)

@@ -2,13 +2,13 @@
 
 import pytest
 
-from verl_laminar.policy.migration import MigrationError, Piece, Trajectory, join
+from verl_laminar.policy.migration import MigrationError, Piece, Response, join
 
 
 def traj(**kw):
     args = dict(request_id="g0_1", prompt_ids=(7, 8, 9), max_tokens=10, sampling={"temperature": 0.6})
     args.update(kw)
-    return Trajectory(**args)
+    return Response(**args)
 
 
 def test_resume_request_has_the_prefix_and_the_remaining_budget():

@@ -49,7 +49,7 @@ def timeline_records(steps: int = 4, replicas: int = 2) -> list:
         for r in range(replicas):
             version = step - 1
             for i in range(4):  # overlapping trajectories: the picture draws their union
-                recs.append(tl.Trajectory(r, version, base + i, base + 10.0 + 5 * i + 3 * r, 60 + i, 30))
+                recs.append(tl.TrajectorySpan(r, version, base + i, base + 10.0 + 5 * i + 3 * r, 60 + i, 30))
             end = base + 25.0 + 3 * r
             recs.append(tl.Load(r, version, version + 1, end + 5.0, end + 7.0))
         recs.append(tl.Publish(step, base + 38.0))

@@ -15,8 +15,8 @@ def test_union_merges_overlapping_and_touching_intervals():
 
 def test_lane_states_cover_the_run_without_gaps():
     recs = [tl.RunStart(100.0, 2), tl.Publish(0, 101.0), tl.Load(0, -1, 0, 101.0, 103.0),
-            tl.Trajectory(0, 0, 104.0, 110.0, 5, 1), tl.Trajectory(0, 0, 105.0, 112.0, 5, 1),
-            tl.Load(0, 0, 1, 113.0, 114.0), tl.Trajectory(0, 1, 115.0, 118.0, 5, 1), tl.Publish(1, 112.5),
+            tl.TrajectorySpan(0, 0, 104.0, 110.0, 5, 1), tl.TrajectorySpan(0, 0, 105.0, 112.0, 5, 1),
+            tl.Load(0, 0, 1, 113.0, 114.0), tl.TrajectorySpan(0, 1, 115.0, 118.0, 5, 1), tl.Publish(1, 112.5),
             tl.Step(1, 120.0, 0.1, 1.0, (0, 1))]
     s = timeline_series(recs)
     assert s.origin == 100.0 and s.end == 20.0 and s.publications == ((1.0, 0), (12.5, 1))

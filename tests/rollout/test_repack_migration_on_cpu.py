@@ -40,9 +40,9 @@ def replicas(tiny_model_dir):
 
 
 async def _migrate_once(reps, prompt, max_tokens, after_s):
-    from verl_laminar.policy.migration import Piece, Trajectory
+    from verl_laminar.policy.migration import Piece, Response
 
-    t = Trajectory("r", tuple(prompt), max_tokens, {k: v for k, v in GREEDY.items()})
+    t = Response("r", tuple(prompt), max_tokens, {k: v for k, v in GREEDY.items()})
     ids, params = t.next_request()
     first = reps[0].generate.remote("r.0", ids, params)
     await asyncio.sleep(after_s)
@@ -83,12 +83,12 @@ def test_the_routers_repack_moves_tails_and_loses_nothing(replicas, tiny_model_d
     import ray
 
     from verl_laminar import metrics as lm
-    from verl_laminar.bench.repack import Workload, check_run, parse_args, run_workload, version_blobs
+    from verl_laminar.bench.repack import PlannedGroups, check_run, parse_args, run_workload, version_blobs
 
     args = parse_args(["--replicas", "2", "--groups", "6", "--groups-per-batch", "3", "--publish-every", "6",
                        "--interval", "0.2", "--median", "16", "--max-tokens", "200", "--max-batch-b", "8"])
     blobs = [ray.put(b) for b in version_blobs(str(tiny_model_dir), 2)]
-    work = Workload.make(args.groups, args.n, args.max_tokens, args.median, seed=3)
+    work = PlannedGroups.make(args.groups, args.n, args.max_tokens, args.median, seed=3)
 
     t0 = time.monotonic()
     off = asyncio.run(run_workload(replicas, blobs, work, args, repack=False, max_batch_b=8))

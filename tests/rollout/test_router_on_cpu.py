@@ -148,7 +148,7 @@ def test_events_carry_load_intervals_and_a_clock_pair_that_converts_another_node
         assert abs(events.clock[0] - (time.monotonic() + 1e6)) < 1.0
         assert all(e.assigned_s is not None and e.assigned_s <= e.finish_s for e in events.finished)
         records = tl.records_from_events(events)
-        assert [type(r).__name__ for r in records] == ["Trajectory", "Trajectory", "Load", "Load"]
+        assert [type(r).__name__ for r in records] == ["TrajectorySpan", "TrajectorySpan", "Load", "Load"]
         for r in records:
             assert t_before - 0.01 <= r.start <= r.end <= t_after + 0.01, r
         assert records[2].end <= records[0].start and records[1].end <= records[3].start

@@ -26,7 +26,7 @@ from verl_laminar.sim.lengths import (
 from verl_laminar.sim.params import DEFAULT_PARAMS as P
 from verl_laminar.sim.params import MATH, P99_OVER_MEDIAN_SIGMA
 from verl_laminar.sim.search import best_split
-from verl_laminar.sim.workload import _CHUNK, Workload
+from verl_laminar.sim.workload import _CHUNK, SimWorkload
 
 # small steps keep each simulation well under a second (as tests/sim/test_systems_on_cpu.py)
 SMALL = dc.replace(P, schedule=dc.replace(P.schedule, sync_steps=2, pipeline_steps=4, pipeline_warmup=1,
@@ -57,14 +57,14 @@ def test_lognormal_draw_is_the_original_expression_value_for_value():
         1.0, np.round(rng.lognormal(np.log(t.prompt_median), t.prompt_sigma, _CHUNK))))
     resp = np.minimum(t.response_max, np.maximum(
         1.0, np.round(rng.lognormal(np.log(t.response_median), t.response_sigma, (_CHUNK, g)))))
-    got_prompt, got_resp, tools = Workload(t, 7, g)._block(0)
+    got_prompt, got_resp, tools = SimWorkload(t, 7, g)._block(0)
     assert got_prompt == prompt.tolist() and got_resp == resp.tolist() and tools is None
 
 
 def test_median_and_p99_are_what_the_draws_show():
     spec = WorkloadSpec(responses=LogNormal(500, 8000), prompts=LogNormal(300, 1200))
     task = apply_workload(P, spec).task("math")
-    wl = Workload(task, 0, 16)
+    wl = SimWorkload(task, 0, 16)
     groups = [wl.group(i, i * 16) for i in range(2048)]
     resp = np.array([s.gen_tokens for g in groups for s in g.seqs])
     prompt = np.array([g.seqs[0].ctx for g in groups])
@@ -168,7 +168,7 @@ def test_measured_lengths_are_resampled_deterministically_under_the_seed():
     assert task.response_lengths == e and task.response_max == 12000
 
     def draws(seed):
-        wl = Workload(task, seed, 16)
+        wl = SimWorkload(task, seed, 16)
         return [s.gen_tokens for i in range(600) for s in wl.group(i, i * 16).seqs]  # crosses a block boundary
 
     a, b, c = draws(3), draws(3), draws(4)
@@ -180,7 +180,7 @@ def test_measured_lengths_are_resampled_deterministically_under_the_seed():
 
 def test_a_zero_length_is_generated_as_one_token():
     task = apply_workload(P, WorkloadSpec(responses=Empirical.of([0, 0], "zeros"))).task("math")
-    assert {s.gen_tokens for s in Workload(task, 0, 4).group(0, 0).seqs} == {1.0}
+    assert {s.gen_tokens for s in SimWorkload(task, 0, 4).group(0, 0).seqs} == {1.0}
 
 
 def test_measured_lengths_hash_by_digest_pickle_and_stay_out_of_asdict():
@@ -202,7 +202,7 @@ def test_every_system_sees_the_same_measured_stream():
 
     p = apply_workload(SMALL, WorkloadSpec(responses=Empirical.of(list(range(100, 5000, 7)), "m"), batch=16,
                                            updates=4))
-    fresh = Workload(p.task("math"), 5, p.schedule.group_size)
+    fresh = SimWorkload(p.task("math"), 5, p.schedule.group_size)
     expected = [fresh.group(i, i * 16) for i in range(32)]
     # Laminar and AReaL take groups through Base.next_groups; sync and one-step through batch_profile
     lam = Laminar(Setup("7b", "math", default_layout("7b", 16, 8, p), 5, p)).next_groups(32)

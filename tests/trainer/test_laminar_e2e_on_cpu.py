@@ -169,7 +169,7 @@ def test_the_run_leaves_a_timeline_the_report_draws(laminar_run, tmp_path_factor
     loads = [r for r in records if isinstance(r, tl.Load)]
     assert {r.replica for r in loads if r.version >= 1} == {0, 1}, loads
     assert all(r.start <= r.end for r in loads)
-    trajectories = [r for r in records if isinstance(r, tl.Trajectory)]
+    trajectories = [r for r in records if isinstance(r, tl.TrajectorySpan)]
     assert len(trajectories) >= n * BATCH * GROUP and all(t.start <= t.end for t in trajectories)
     assert {p.version for p in records if isinstance(p, tl.Publish)} >= set(range(n))
     report = tmp_path_factory.mktemp("report")

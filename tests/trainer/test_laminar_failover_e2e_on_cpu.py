@@ -19,7 +19,7 @@ import restart_run
 from laminar_testing import run_cpu_laminar
 from verl_laminar import stepfile
 from verl_laminar.report.runlog import RunRecord
-from verl_laminar.timeline import Load, Publish, Trajectory, read_timeline
+from verl_laminar.timeline import Load, Publish, TrajectorySpan, read_timeline
 
 # the kill case reads the restart's resumed run (shared with the resume e2e); hang and garbage launch their own
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]  # timeout: the runs plus their checks
@@ -158,7 +158,7 @@ def test_a_replacement_joins_loads_a_version_from_its_relay_and_its_trajectories
         assert loads[0].version >= 1, loads
         published = max(r.version for r in timeline if isinstance(r, Publish) and r.t <= loads[0].start)
         assert loads[0].version >= published - 1, (loads[0], published)
-    served = [r for r in timeline if isinstance(r, Trajectory) and r.replica == REPLACEMENT]
+    served = [r for r in timeline if isinstance(r, TrajectorySpan) and r.replica == REPLACEMENT]
     assert served, "the replacement generated no trajectory that a step drained"
     assert all(r.version >= loads[0].version for r in served)
     assert run.steps[steps]["laminar/ft/replacement_start_s"] > 0

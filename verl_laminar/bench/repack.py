@@ -2,7 +2,7 @@
 
     python -m verl_laminar.bench.repack --json [--replicas 4 --groups 48 --repeats 1 ...]
 
-Workload (identical for both modes, one process tree): ``--replicas`` vLLM-CPU engines, each a Ray
+PlannedGroups (identical for both modes, one process tree): ``--replicas`` vLLM-CPU engines, each a Ray
 actor (``rollout.engine_replica``), fed prompt groups by the product's router (``rollout.router.LaminarRouter``,
 run in this process through ``bench.router_run``): a replica takes ``--groups-per-batch`` groups of ``--n``
 responses per batch and refreshes to the newest version only when its batch ends. Response lengths come from
@@ -73,13 +73,13 @@ def version_blobs(model_dir: str, versions: int, noise: float = 1e-3, seed: int 
 
 
 @dataclass
-class Workload:
+class PlannedGroups:
     groups: list[str]
     prompts: dict[str, list[int]]
     lengths: dict[str, list[int]]  # group -> planned length of each response
 
     @classmethod
-    def make(cls, n_groups: int, n: int, max_tokens: int, median: int, seed: int, vocab: int = 2048) -> "Workload":
+    def make(cls, n_groups: int, n: int, max_tokens: int, median: int, seed: int, vocab: int = 2048) -> "PlannedGroups":
         rng = random.Random(seed)
         skew = SkewedLengths(max_tokens=max_tokens, median=median, seed=seed)
         groups = [f"g{i:04d}" for i in range(n_groups)]
@@ -92,7 +92,7 @@ class Workload:
         return sum(sum(v) for v in self.lengths.values())
 
 
-def check_run(res: RunResult, work: Workload) -> dict[str, int]:
+def check_run(res: RunResult, work: PlannedGroups) -> dict[str, int]:
     """Lost = planned trajectories that did not finish with exactly their planned length."""
     lost = mixed = 0
     for gid, lens in work.lengths.items():
@@ -110,7 +110,7 @@ def check_run(res: RunResult, work: Workload) -> dict[str, int]:
     return {"lost_trajectories": lost, "mixed_version": mixed, "migrated_trajectories": migrated}
 
 
-def summarize(res: RunResult, work: Workload) -> dict[str, Any]:
+def summarize(res: RunResult, work: PlannedGroups) -> dict[str, Any]:
     lat = res.latency_s
     return dict(repack=res.repack, gen_tokens_per_s=res.tokens / res.makespan_s, makespan_s=res.makespan_s,
                 tokens=res.tokens, planned_tokens=work.total_tokens, refreshes=res.refreshes,
@@ -119,7 +119,7 @@ def summarize(res: RunResult, work: Workload) -> dict[str, Any]:
                 **check_run(res, work), **res.repack_metrics)
 
 
-async def run_workload(replicas: dict[int, Any], blobs: list, work: Workload, args: argparse.Namespace,
+async def run_workload(replicas: dict[int, Any], blobs: list, work: PlannedGroups, args: argparse.Namespace,
                        repack: bool, max_batch_b: int, pool: Any = None) -> RunResult:
     """One run of the workload through the product's router (``bench.router_run``); each run starts a new
     router, which loads version 0 into every engine first."""
@@ -162,7 +162,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     from verl_laminar.rollout.engine_replica import EngineReplicaActor
 
     mdir = str(args.model or model_dir())
-    work = Workload.make(args.groups, args.n, args.max_tokens, args.median, args.seed)
+    work = PlannedGroups.make(args.groups, args.n, args.max_tokens, args.median, args.seed)
     versions = args.groups // args.publish_every + 2
     blobs = [ray.put(b) for b in version_blobs(mdir, versions, seed=args.seed)]
     ncpu = os.cpu_count() or 1
@@ -197,7 +197,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         reap([p for t in trees if isinstance(t, list) for p in t[1:]])  # not the actors: Ray ends those
 
 
-async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
+async def _measure(replicas: dict, blobs: list, work: PlannedGroups, args: argparse.Namespace) -> dict[str, Any]:
     if args.max_batch_b:
         profile, b = None, args.max_batch_b
     else:
@@ -243,7 +243,7 @@ async def _measure(replicas: dict, blobs: list, work: Workload, args: argparse.N
     }
 
 
-async def _measure_pool(replicas: dict, blobs: list, work: Workload, args: argparse.Namespace,
+async def _measure_pool(replicas: dict, blobs: list, work: PlannedGroups, args: argparse.Namespace,
                         pool: Any) -> dict[str, Any]:
     """Generation throughput without and with the partial-response pool (repack off), alternating."""
     runs = []

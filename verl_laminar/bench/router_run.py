@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_laminar.policy.migration import Piece, Trajectory
+from verl_laminar.policy.migration import Piece, Response
 from verl_laminar.rollout.repack import RepackMetrics
 from verl_laminar.rollout.router import LaminarRouter, RepackSettings, ReplicaHandles
 
@@ -41,7 +41,7 @@ class RunResult:
     repack: bool
     makespan_s: float
     tokens: int
-    trajectories: dict[str, Trajectory]
+    trajectories: dict[str, Response]
     latency_s: list[float]
     kv_samples: list[float]
     refreshes: int  # refreshes after the run's first version was loaded everywhere
@@ -51,7 +51,7 @@ class RunResult:
 
 class RouterRun:
     """``replicas``: replica id -> engine actor; ``blobs``: each version's bytes (Ray object refs); ``work``: a
-    ``bench.repack.Workload``; ``repack``: the router's repack settings (None: off); ``pool``: the
+    ``bench.repack.PlannedGroups``; ``repack``: the router's repack settings (None: off); ``pool``: the
     partial-response pool actor, into which every response then streams its tokens."""
 
     def __init__(self, replicas: dict[int, Any], blobs: list, work: Any, groups_per_batch: int,
@@ -63,7 +63,7 @@ class RouterRun:
         self._by_address = {h.address: h.server for h in handles}
         self.router = LaminarRouter(handles, groups_per_batch, refresher=self._load, reader=self._reading,
                                     repack=repack)
-        self.trajectories: dict[str, Trajectory] = {}
+        self.trajectories: dict[str, Response] = {}
         self.latency: list[float] = []
         self.kv_samples: list[float] = []
         self._finished_groups = 0
@@ -123,7 +123,7 @@ class RouterRun:
     async def _trajectory(self, gid: str, j: int, version: int, t0: float) -> None:
         key = f"{gid}_{j}"
         sampling = dict(self.sampling)
-        t = Trajectory(key, tuple(self.work.prompts[gid]), self.work.lengths[gid][j], sampling)
+        t = Response(key, tuple(self.work.prompts[gid]), self.work.lengths[gid][j], sampling)
         self.trajectories[key] = t
         pool_key = None
         if self.pool is not None:

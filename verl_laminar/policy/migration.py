@@ -49,7 +49,7 @@ class Piece:
 
 
 @dataclass
-class Trajectory:
+class Response:
     """One response being generated, possibly across replicas; ``pieces`` in generation order."""
 
     request_id: str

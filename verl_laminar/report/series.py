@@ -59,7 +59,7 @@ def _held(loads: list[tl.Load], t: float) -> Optional[int]:
     return max(done, key=lambda ld: ld.end).version if done else None
 
 
-def _lane(replica: int, trajs: list[tl.Trajectory], loads: list[tl.Load], origin: float, end: float) -> Lane:
+def _lane(replica: int, trajs: list[tl.TrajectorySpan], loads: list[tl.Load], origin: float, end: float) -> Lane:
     segs: list[Segment] = []
     by_version: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for t in trajs:
@@ -78,7 +78,7 @@ def _lane(replica: int, trajs: list[tl.Trajectory], loads: list[tl.Load], origin
 
 def timeline_series(records: list) -> Optional[TimelineSeries]:
     """None when the timeline holds no trajectory and no load (nothing to draw)."""
-    trajs = [r for r in records if isinstance(r, tl.Trajectory)]
+    trajs = [r for r in records if isinstance(r, tl.TrajectorySpan)]
     loads = [r for r in records if isinstance(r, tl.Load)]
     if not trajs and not loads:
         return None

@@ -40,7 +40,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.policy.dispatch import Assignment, RoutingError
-from verl_laminar.policy.migration import Piece, Trajectory, resumable
+from verl_laminar.policy.migration import Piece, Response, resumable
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.rollout.badinput import GarbageOutputError, check_output_tokens
 from verl_laminar.rollout.pool_client import PieceRecorder, pool_enabled, recovered_tokens
@@ -320,7 +320,7 @@ class LaminarLLMServerClient(LLMServerClient):
             return await self._restart(pin, request_id, list(prompt_ids), dict(sampling_params), **kwargs)
         # migrated by repack: resume on the group's new replica until the trajectory is complete
         base = {k: v for k, v in sampling_params.items() if k not in ("max_tokens", "max_new_tokens", "min_tokens")}
-        traj = Trajectory(str(request_id), tuple(prompt_ids), self._token_budget(list(prompt_ids), sampling_params),
+        traj = Response(str(request_id), tuple(prompt_ids), self._token_budget(list(prompt_ids), sampling_params),
                           base, min_tokens=int(sampling_params.get("min_tokens", 0) or 0))
         migrated = True
         while True:

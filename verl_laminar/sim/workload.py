@@ -67,7 +67,7 @@ def _lengths(rng: np.random.Generator, measured, median: float, sigma: float, ca
     return np.minimum(cap, np.maximum(1.0, np.round(rng.lognormal(np.log(median), sigma, shape))))
 
 
-class Workload:
+class SimWorkload:
     def __init__(self, task: Task, seed: int, group_size: int):
         self.task, self.seed, self.group_size = task, seed, group_size
         self._blocks: dict[int, tuple] = {}

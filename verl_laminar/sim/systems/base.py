@@ -18,7 +18,7 @@ from verl_laminar.sim.cpu import rollout_costs as cpu_rollout_costs
 from verl_laminar.sim.engine import Engine
 from verl_laminar.sim.params import MODELS, ROLLOUT_TP, SimParams
 from verl_laminar.sim.rollout import Rollout, Sink
-from verl_laminar.sim.workload import Group, Workload
+from verl_laminar.sim.workload import Group, SimWorkload
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Base(Sink):
                                  self.p.inference.event_quantum_tokens, self.p.inference.tool_return_quantum_s) for i in range(lay.rollouts)]
         if self.machine is not None:
             self.machine.attach(self.rollouts)
-        self.workload = Workload(self.p.task(setup.task), setup.seed, self.p.schedule.group_size)
+        self.workload = SimWorkload(self.p.task(setup.task), setup.seed, self.p.schedule.group_size)
         self.meter = Meter(warmup)
         self.trace: list[tuple[int, str, float, float]] = []
         self._next_gid = 0

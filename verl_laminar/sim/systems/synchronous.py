@@ -25,7 +25,7 @@ from verl_laminar.sim.engine import Engine
 from verl_laminar.sim.params import SimParams
 from verl_laminar.sim.rollout import Rollout
 from verl_laminar.sim.systems.base import Layout, Meter, Result, Setup, costs_for, shape_of, step_train_seconds
-from verl_laminar.sim.workload import Seq, Workload
+from verl_laminar.sim.workload import Seq, SimWorkload
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def batch_profile(model: str, task: str, seed: int, params: SimParams, tp: int, 
     """Generate batch ``index`` of the workload on ``rollouts`` fresh rollouts of ``tp`` GPUs."""
     g = params.schedule.group_size
     n = params.schedule.prompts_per_step
-    wl = Workload(params.task(task), seed, g)
+    wl = SimWorkload(params.task(task), seed, g)
     groups = [wl.group(index * n + i, (index * n + i) * g) for i in range(n)]
     engine, sink = Engine(), _Gen()
     # on a CPU profile the batch's engines share the machine's cores with each other (training waits)
