@@ -24,8 +24,9 @@ KNOWN_PACKAGE_CYCLES: dict[frozenset[str], str] = {
         "only) while config.schema builds policy and relay values; way out: the conversion moves to the config "
         "side, as RelayConfig.transport_spec did"),
     frozenset({"preflight", "trainer"}): (
-        "preflight.checks runs trainer.runtime.prepare_config and LaminarTrainer runs preflight.checks.start_checks "
-        "(both lazily); way out: config preparation leaves trainer/runtime.py (the issue's split of runtime)"),
+        "preflight.checks runs trainer.settings.prepare_config and LaminarTrainer runs preflight.checks.start_checks "
+        "(both lazily); way out: config preparation (trainer/settings.py) moves to a package the trainer and the "
+        "preflight both import"),
 }
 
 

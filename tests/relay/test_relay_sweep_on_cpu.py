@@ -19,7 +19,7 @@ from verl_laminar.platform.shm_cleanup import (
 )
 from verl_laminar.relay.group import stale_relay_actors
 from verl_laminar.relay.store import RelayStore
-from verl_laminar.trainer.runtime import relay_nodes
+from verl_laminar.trainer.relays import relay_nodes
 
 pytestmark = pytest.mark.ray_driver  # starts a Ray driver: runs in a child interpreter
 

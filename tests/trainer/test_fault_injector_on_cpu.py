@@ -12,7 +12,7 @@ import ray
 
 from verl_laminar.config.schema import FaultInjectionConfig, LaminarConfig
 from verl_laminar.trainer import faults as tf
-from verl_laminar.trainer import runtime
+from verl_laminar.trainer import procs
 
 
 class _Handle:
@@ -70,9 +70,9 @@ class _Server:
 def fakes(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
     killed, signalled = [], []
-    monkeypatch.setattr(runtime, "replica_pids", lambda r: [100 + r.replica_id])
-    monkeypatch.setattr(runtime, "kill_replica", lambda r, pids, hang=False: killed.append((r.replica_id, pids, hang)))
-    monkeypatch.setattr(runtime, "pid_of", lambda actor: 4242)
+    monkeypatch.setattr(procs, "replica_pids", lambda r: [100 + r.replica_id])
+    monkeypatch.setattr(procs, "kill_replica", lambda r, pids, hang=False: killed.append((r.replica_id, pids, hang)))
+    monkeypatch.setattr(procs, "pid_of", lambda actor: 4242)
     monkeypatch.setattr(tf.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
     monkeypatch.setattr(tf.logging, "shutdown", lambda: None)
     router, pool = _Router(), _Pool()
@@ -172,12 +172,12 @@ def test_a_replica_that_dies_before_its_pids_are_found_is_no_target_and_the_trai
             raise RuntimeError("ActorDiedError: the replica was ended (release of a dead replica)")
         return [100 + r.replica_id]
 
-    monkeypatch.setattr(runtime, "replica_pids", pids)
+    monkeypatch.setattr(procs, "replica_pids", pids)
     inj = _injector(fakes, "4:replica_kill")
     inj.strike(4)  # does not raise
     inj.land_armed()
     assert fakes.killed == [(1, [101], False)]  # the one that could be struck
-    monkeypatch.setattr(runtime, "replica_pids", lambda r: (_ for _ in ()).throw(RuntimeError("gone")))
+    monkeypatch.setattr(procs, "replica_pids", lambda r: (_ for _ in ()).throw(RuntimeError("gone")))
     inj = _injector(fakes, "5:replica_kill")
     inj.strike(5)  # every target gone: skipped, logged
     inj.land_armed()

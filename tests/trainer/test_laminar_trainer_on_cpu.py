@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from laminar_testing import run_py
 from verl_laminar.data import toy_math_path
-from verl_laminar.trainer import runtime
+from verl_laminar.trainer import settings
 
 VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_search_locations)[0], "trainer", "config")
 RECIPE = ["+laminar=enabled", "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",
@@ -35,10 +35,10 @@ def recipe_cfg():
 
 def test_prepare_config_aligns_verl_keys_with_laminar(recipe_cfg):
     cfg = recipe_cfg.copy()
-    lam = runtime.prepare_config(cfg)
+    lam = settings.prepare_config(cfg)
     assert lam.replicas == 2
     rollout = cfg.actor_rollout_ref.rollout
-    assert rollout.agent.agent_loop_manager_class == runtime.AGENT_LOOP_MANAGER
+    assert rollout.agent.agent_loop_manager_class == settings.AGENT_LOOP_MANAGER
     sep, mine = cfg.trainer.v1.separate_async, cfg.trainer.v1.laminar
     assert (sep.parameter_sync_step, sep.num_warmup_batches) == (mine.parameter_sync_step, mine.num_warmup_batches)
     assert cfg.trainer.v1.sampler.max_off_policy_threshold is None
@@ -50,14 +50,14 @@ def test_verls_staleness_threshold_is_replaced_at_its_default_and_refused_when_s
     """verl's max_off_policy_threshold drops trajectories by steps since submission; under Laminar the bound is
     laminar.buffer.max_staleness. verl's default passes with a log line; a value a user set stops the run."""
     cfg = recipe_cfg.copy()
-    assert cfg.trainer.v1.sampler.max_off_policy_threshold == runtime.VERL_OFF_POLICY_DEFAULT  # verl's own default
-    with caplog.at_level("INFO", logger="verl_laminar.trainer.runtime"):
-        runtime.prepare_config(cfg)
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold == settings.VERL_OFF_POLICY_DEFAULT  # verl's own default
+    with caplog.at_level("INFO", logger="verl_laminar.trainer.settings"):
+        settings.prepare_config(cfg)
     assert "max_off_policy_threshold (8) is not used" in caplog.text
     cfg = recipe_cfg.copy()
     cfg.trainer.v1.sampler.max_off_policy_threshold = 3
     with pytest.raises(ValueError, match=r"set laminar.buffer.max_staleness=2 .* remove trainer.v1.sampler"):
-        runtime.prepare_config(cfg)
+        settings.prepare_config(cfg)
 
 
 def test_verls_default_staleness_threshold_is_the_one_laminar_expects():
@@ -68,26 +68,26 @@ def test_verls_default_staleness_threshold_is_the_one_laminar_expects():
     from omegaconf import OmegaConf
 
     yaml = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/ppo_trainer.yaml")
-    assert OmegaConf.select(yaml, "trainer.v1.sampler.max_off_policy_threshold") == runtime.VERL_OFF_POLICY_DEFAULT
+    assert OmegaConf.select(yaml, "trainer.v1.sampler.max_off_policy_threshold") == settings.VERL_OFF_POLICY_DEFAULT
 
 
 def test_prepare_config_rejects_hybrid_engine_and_foreign_agent_loops(recipe_cfg):
     cfg = recipe_cfg.copy()
     cfg.actor_rollout_ref.hybrid_engine = True
     with pytest.raises(ValueError, match="hybrid_engine=False"):
-        runtime.prepare_config(cfg)
+        settings.prepare_config(cfg)
     cfg = recipe_cfg.copy()
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "my.Manager", force_add=True)
     with pytest.raises(ValueError, match="LaminarAgentLoopManager"):
-        runtime.prepare_config(cfg)
+        settings.prepare_config(cfg)
 
 
 def test_groups_per_batch_defaults_to_a_replicas_share_of_a_step(recipe_cfg):
-    assert runtime.groups_per_batch(recipe_cfg, 2) == 4
-    assert runtime.groups_per_batch(recipe_cfg, 3) == 3
+    assert settings.groups_per_batch(recipe_cfg, 2) == 4
+    assert settings.groups_per_batch(recipe_cfg, 3) == 3
     cfg = recipe_cfg.copy()
-    OmegaConf.update(cfg, runtime.GROUPS_PER_BATCH_KEY, 1, force_add=True)
-    assert runtime.groups_per_batch(cfg, 2) == 1
+    OmegaConf.update(cfg, settings.GROUPS_PER_BATCH_KEY, 1, force_add=True)
+    assert settings.groups_per_batch(cfg, 2) == 1
 
 
 def test_install_registers_the_trainer_only_with_verls_v1_package():
@@ -144,12 +144,12 @@ def test_repack_is_on_by_default_and_one_key_turns_it_off(recipe_cfg, monkeypatc
     assert cfg.actor_rollout_ref.rollout.disable_log_stats is False  # the monitor reads vLLM's stats
     # on the CPU platform B is measured on a replica (rollout.decode_profile); without one the error names the key
     with pytest.raises(ValueError, match="set laminar.repack.max_batch_b"):
-        runtime.repack_settings(runtime.prepare_config(cfg))
-    settings = runtime.repack_settings(runtime.prepare_config(cfg), lambda: 5)
-    assert settings.policy.max_batch == 5 and settings.interval_s == 5.0
-    assert settings.policy.c_max == 0.99
-    assert runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.enabled=false"]))) is None
-    pinned = runtime.repack_settings(runtime.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])),
+        settings.repack_settings(settings.prepare_config(cfg))
+    repack = settings.repack_settings(settings.prepare_config(cfg), lambda: 5)
+    assert repack.policy.max_batch == 5 and repack.interval_s == 5.0
+    assert repack.policy.c_max == 0.99
+    assert settings.repack_settings(settings.prepare_config(_compose(RECIPE + ["laminar.repack.enabled=false"]))) is None
+    pinned = settings.repack_settings(settings.prepare_config(_compose(RECIPE + ["laminar.repack.max_batch_b=64"])),
                                      lambda: pytest.fail("B set by the key: nothing is measured"))
     assert pinned.policy.max_batch == 64
 
@@ -157,7 +157,7 @@ def test_repack_is_on_by_default_and_one_key_turns_it_off(recipe_cfg, monkeypatc
 def test_gpu_default_b_is_the_roofline_ridge(monkeypatch):
     monkeypatch.setenv("LAMINAR_CPU_PLATFORM", "0")
     # no GPU visible here: the H100 datasheet ridge, peak / bandwidth for bf16 (989.5 TFLOP/s / 3.35 TB/s)
-    assert runtime.default_max_batch() == 295
+    assert settings.default_max_batch() == 295
 
 
 def test_parameter_sync_step_is_derived_from_the_batch_as_in_the_paper(recipe_cfg):
@@ -165,26 +165,26 @@ def test_parameter_sync_step_is_derived_from_the_batch_as_in_the_paper(recipe_cf
     train_batch_size == parameter_sync_step * ppo_mini_batch_size; a default of 1 failed every paper recipe)."""
     cfg = recipe_cfg.copy()
     cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 512, 32
-    runtime.prepare_config(cfg)
+    settings.prepare_config(cfg)
     assert cfg.trainer.v1.laminar.parameter_sync_step == cfg.trainer.v1.separate_async.parameter_sync_step == 16
     cfg = recipe_cfg.copy()
     cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 512, 32
-    OmegaConf.update(cfg, runtime.SYNC_STEP_KEY, 1, force_add=True)
+    OmegaConf.update(cfg, settings.SYNC_STEP_KEY, 1, force_add=True)
     with pytest.raises(ValueError, match="set it to 16"):
-        runtime.prepare_config(cfg)
+        settings.prepare_config(cfg)
     cfg = recipe_cfg.copy()
     cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 500, 32
     with pytest.raises(ValueError, match="not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=32"):
-        runtime.prepare_config(cfg)
+        settings.prepare_config(cfg)
 
 
 def test_relay_versions_are_stored_in_the_rollout_dtype(recipe_cfg):
     cfg = recipe_cfg.copy()
-    runtime.prepare_config(cfg)
+    settings.prepare_config(cfg)
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.dtype == "bfloat16"
     cfg = recipe_cfg.copy()
     cfg.actor_rollout_ref.rollout.dtype = "float16"
-    runtime.prepare_config(cfg)
+    settings.prepare_config(cfg)
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.laminar.dtype == "float16"
 
 

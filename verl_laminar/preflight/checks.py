@@ -347,12 +347,12 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
     lam = None
     prepared = cfg
     if mode == "laminar":
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import settings
 
         prepared = copy.deepcopy(cfg)
         with _row(report, "laminar.config"):
-            lam = runtime.prepare_config(prepared)
-            report.facts["parameter_sync_step"] = int(_get(prepared, runtime.SYNC_STEP_KEY))
+            lam = settings.prepare_config(prepared)
+            report.facts["parameter_sync_step"] = int(_get(prepared, settings.SYNC_STEP_KEY))
     if opts.construct_trainer:
         with _row(report, "trainer.construct", f"{mode} trainer constructed (verl's and Laminar's asserts)"):
             construct_trainer(cfg)

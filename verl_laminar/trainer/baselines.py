@@ -16,7 +16,7 @@ import ray
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
-from verl_laminar.trainer import runtime
+from verl_laminar.trainer import procs, relays
 
 logger = logging.getLogger(__name__)
 TRAINER_NAME = "separate_async_relays"
@@ -30,12 +30,12 @@ class SeparateAsyncWithRelays(PPOTrainerSeparateAsync):
         super()._setup()
         replicas = self.standalone_server_manager.get_replicas()
         # before on_init_end: verl's first weight sync (step 0) goes through the relays
-        self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], replicas=replicas)
+        self.relay_group = relays.spawn_relays(self.actor_rollout_wg.workers[0], replicas=replicas)
         from verl_laminar.platform.cpu import cpu_platform_requested
 
         if cpu_platform_requested():
-            handles = runtime.replica_handles(replicas)
-            runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in handles])
+            handles = relays.replica_handles(replicas)
+            procs.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in handles])
         logger.info("separate_async with relays: %d standalone replicas", len(replicas))
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):

@@ -127,7 +127,7 @@ class FaultInjector:
                 < STREAMING_WITHIN_S)
 
     def _arm(self, fault: Fault) -> None:
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import procs
 
         live = self._live()
         targets = [r for r in live if fault.replica is None or r.replica_id == fault.replica]
@@ -139,7 +139,7 @@ class FaultInjector:
         if fault.replica_fault != "garbage":  # a signal needs the PIDs ahead; a replica dying meanwhile is no target
             for r in list(targets):
                 try:
-                    pids[r.replica_id] = runtime.replica_pids(r)
+                    pids[r.replica_id] = procs.replica_pids(r)
                 except Exception as e:  # noqa: BLE001 - the router has not marked it dead yet
                     logger.warning("laminar.fault_injection: %s: replica %d is no target (%r)", fault.label(),
                                    r.replica_id, e)
@@ -169,14 +169,14 @@ class FaultInjector:
     def _strike_replica(self, fault: Fault, replica: Any, pids: dict) -> None:
         import ray
 
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import procs
 
         try:
             if fault.replica_fault == "garbage":  # it goes on answering, wrongly: the clients' output check fences it
                 ray.get(replica.server.laminar_corrupt.remote(), timeout=CALL_TIMEOUT_S)
                 logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
             else:
-                runtime.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
+                procs.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
         except Exception:  # noqa: BLE001 - it died meanwhile: the fault is skipped, never the trainer's end
             logger.exception("laminar.fault_injection: %s on replica %d failed; skipped", fault.label(),
                              replica.replica_id)
@@ -190,16 +190,16 @@ class FaultInjector:
     # ---- the pool ----
     def _kill_pool(self, step: int) -> None:
         """SIGKILL the pool's process; a thread logs when the restarted pool answers again."""
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import procs
 
-        pid = runtime.pid_of(self._pool)
+        pid = procs.pid_of(self._pool)
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d) after step %d",
                        pid, step)
 
         def back() -> None:
-            new = runtime.pid_of(self._pool)  # Ray holds the call until the restarted actor answers
+            new = procs.pid_of(self._pool)  # Ray holds the call until the restarted actor answers
             logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
                            "its log replayed)", time.monotonic() - t0, new)
 

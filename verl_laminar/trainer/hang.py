@@ -145,21 +145,21 @@ class ReplicaKiller:
         return self._by_id[rid].server
 
     def track(self, replica: Any) -> None:
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import procs
 
         self._by_id[replica.replica_id] = replica
-        self._roots[replica.replica_id] = [(pid, started_at(pid)) for pid in runtime.local_roots(replica)]
+        self._roots[replica.replica_id] = [(pid, started_at(pid)) for pid in procs.local_roots(replica)]
 
     def kill(self, rid: int, why: str) -> None:
         import ray
 
-        from verl_laminar.trainer import runtime
+        from verl_laminar.trainer import procs
 
         replica = self._by_id[rid]
         # a root that died long ago may have left its PID to another process: only the same process is signalled
         roots = [pid for pid, started in self._roots[rid] if started is not None and started_at(pid) == started]
         if roots:
-            runtime.kill_replica(replica, runtime.process_tree(roots), why=why)
+            procs.kill_replica(replica, procs.process_tree(roots), why=why)
         for actor in (replica.server, *replica.workers):
             try:
                 ray.kill(actor, no_restart=True)

@@ -31,7 +31,7 @@ from verl_laminar import timeline as tl
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
-from verl_laminar.trainer import bound, runtime, until
+from verl_laminar.trainer import bound, procs, relays, settings, until
 from verl_laminar.trainer.events import apply_router_events
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class RolloutsStopped(RuntimeError):
 @register_trainer("laminar")
 class LaminarTrainer(PPOTrainerSeparateAsync):
     def __init__(self, config: DictConfig) -> None:
-        self.laminar = runtime.prepare_config(config)
+        self.laminar = settings.prepare_config(config)
         from verl_laminar.preflight import checks
 
         if not checks.in_preflight():  # the preflight runs these itself, beside the construction of this class
@@ -122,21 +122,21 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.rollout.decode_profile import replica_b
         from verl_laminar.rollout.router_actor import RefreshSettings, spawn_router
 
-        self.relay_group = runtime.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
+        self.relay_group = relays.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
                                                 replicas=self.standalone_server_manager.get_replicas())
-        replicas = runtime.replica_handles(self.standalone_server_manager.get_replicas())
+        replicas = relays.replica_handles(self.standalone_server_manager.get_replicas())
         self._replicas = replicas
         kill = self.laminar.fault_injection.kill_replica
         if kill is not None and kill not in {r.replica_id for r in replicas}:
             raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
                              f"{sorted(r.replica_id for r in replicas)}")
-        if runtime.cpu_priority_on(self.laminar):
-            runtime.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
-        gpb = runtime.groups_per_batch(self.config, len(replicas))
-        runtime.check_warmup(self.config, len(replicas), gpb)
-        repack = runtime.repack_settings(self.laminar, lambda: replica_b(
+        if procs.cpu_priority_on(self.laminar):
+            procs.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
+        gpb = settings.groups_per_batch(self.config, len(replicas))
+        settings.check_warmup(self.config, len(replicas), gpb)
+        repack = settings.repack_settings(self.laminar, lambda: replica_b(
             replicas[0].server, int(self.config.actor_rollout_ref.rollout.max_num_seqs)))
-        self.router = spawn_router(replicas, gpb, relays=runtime.replica_relays(self.relay_group, replicas),
+        self.router = spawn_router(replicas, gpb, relays=relays.replica_relays(self.relay_group, replicas),
                                    repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
@@ -165,8 +165,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         """A replacement is about to take work (called from the replacement thread)."""
         self._replicas.append(replica)
         self._killer.track(replica)
-        if runtime.cpu_priority_on(self.laminar):
-            runtime.apply_cpu_priority([], [replica.server])
+        if procs.cpu_priority_on(self.laminar):
+            procs.apply_cpu_priority([], [replica.server])
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient
@@ -267,7 +267,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     self.global_steps, len(records))
 
     def on_train_begin(self) -> None:
-        self._add_async_warmup_batches(OmegaConf.select(self.config, runtime.WARMUP_KEY))
+        self._add_async_warmup_batches(OmegaConf.select(self.config, settings.WARMUP_KEY))
 
     def on_step_end(self) -> None:
         if self.prev_step_profile:

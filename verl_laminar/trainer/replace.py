@@ -84,7 +84,7 @@ def start_replacement(laminar: Any, verl_replicas: list, router: Any, relay_grou
         return None
     import ray
 
-    from verl_laminar.trainer import runtime
+    from verl_laminar.trainer import relays
 
     by_rank = {int(r.replica_rank): r for r in verl_replicas}
     template = verl_replicas[0]
@@ -103,11 +103,11 @@ def start_replacement(laminar: Any, verl_replicas: list, router: Any, relay_grou
         replica = launch_replica(template, rank, cfg.start_timeout_s)
         by_rank[rank] = replica
         verl_replicas.append(replica)
-        return runtime.replica_handles([replica])[0]
+        return relays.replica_handles([replica])[0]
 
     def join(handles: Any, dead_id: int) -> None:
         on_join(handles)
-        relay = runtime.replica_relays(relay_group, [handles])[handles.replica_id]
+        relay = relays.replica_relays(relay_group, [handles])[handles.replica_id]
         ray.get(router.add_replica.remote(handles, relay, replaces=dead_id))
 
     def failed(dead_id: int, error: str) -> None:

@@ -1,6 +1,7 @@
-"""Start-up pieces of the Laminar trainer: config preparation, the relay group, the replica handles.
+"""The Laminar trainer's settings from verl's config: the keys ``+laminar=enabled`` needs filled in, the derived
+publication interval, groups per replica batch, the warm-up check, verl's off-policy threshold, and repack's B.
 
-Kept apart from the trainer class so each piece is testable without a Ray cluster or a model.
+Pure config work (no Ray, no model), so each piece is tested on a composed config.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import uuid
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -132,182 +132,6 @@ def check_warmup(config: DictConfig, replicas: int, gpb: int) -> None:
     if have < need:
         logger.warning("%s=%s < %d: replicas may idle for lack of prompts (%d replicas x %d groups per batch)",
                        WARMUP_KEY, have, need, replicas, gpb)
-
-
-def replica_handles(replicas: list) -> list:
-    """What the router needs of each verl RolloutReplica."""
-    from verl_laminar.rollout.router import ReplicaHandles
-
-    return [ReplicaHandles(replica_id=int(r.replica_rank), address=r.server_address, server=r.server_handle,
-                           workers=tuple(r.workers)) for r in replicas]
-
-
-def _node_of(actor: Any) -> str:
-    import ray
-
-    return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
-
-
-def relay_nodes(nodes: list[dict], rollout_node_ids: Optional[Any], master_node_id: str) -> list[tuple[str, str]]:
-    """(node id, node ip) of the nodes that get a relay, sorted by node id (pure).
-
-    ``nodes``: ``ray.nodes()``-like dicts (``NodeID``, ``NodeManagerAddress``, ``Alive``). A relay runs on every
-    alive node of ``rollout_node_ids`` and on ``master_node_id`` (trainer rank 0's node, the master); other
-    trainer nodes never read a version and get none. ``rollout_node_ids=None``: every alive node.
-    """
-    alive = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes if n.get("Alive")}
-    if master_node_id not in alive:
-        raise ValueError(f"trainer rank 0's node {master_node_id} is not an alive Ray node; the master relay must "
-                         "run there (check `ray status`)")
-    wanted = set(alive) if rollout_node_ids is None else {n for n in rollout_node_ids if n in alive}
-    return [(nid, alive[nid]) for nid in sorted(wanted | {master_node_id})]
-
-
-def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas: Optional[list] = None,
-                 relay: Optional[Any] = None) -> Any:
-    """The relay group: one relay per rollout node plus one on trainer rank 0's node, the master.
-
-    ``replicas``: verl's rollout replicas (each with ``.workers``); None puts a relay on every alive node.
-    ``relay``: the typed ``laminar.relay`` section (``keep_versions``, ``chunk_mb``, the transport, ``interface``);
-    None: their defaults (tcp, bound to each node's Ray address).
-    Relays and stores an earlier, crashed run left behind are swept first.
-    """
-    import ray
-
-    from verl_laminar.relay.group import DEFAULT_GROUP_NAME, RelayGroup, sweep_stale_relays
-    from verl_laminar.relay.store import KEEP_VERSIONS
-
-    name = group_name or DEFAULT_GROUP_NAME
-    # relay ids name the host-memory stores: unique per run, so two runs on one host never share a store
-    run = uuid.uuid4().hex[:8]
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    master_node = _node_of(trainer_rank0)
-    rollout_nodes = None
-    if replicas is not None:
-        workers = [w for r in replicas for w in r.workers]
-        rollout_nodes = set(ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
-                                     for w in workers]))
-        gone = rollout_nodes - {n["NodeID"] for n in alive}
-        if gone:
-            logger.warning("relay group %s: rollout nodes %s are not alive; no relay there", name, sorted(gone))
-    chosen = relay_nodes(alive, rollout_nodes, master_node)
-    nodes = {f"relay{i}-{run}": node for i, node in enumerate(chosen)}
-    master = next(rid for rid, (nid, _) in nodes.items() if nid == master_node)
-    sweep_stale_relays(name, [n["NodeID"] for n in alive])
-    keep = relay.keep_versions if relay is not None else KEEP_VERSIONS
-    chunk_mb = relay.chunk_mb if relay is not None else None
-    transport = relay.transport_spec() if relay is not None else None
-    interface = relay.interface if relay is not None else None
-    # the chunk count of each broadcast comes from the cost model at the link rate the user states
-    link_bytes_per_s = relay.link_gbps * 1e9 / 8 if relay is not None else None
-    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name)
-    plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
-                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface))
-    logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
-                "interface %s, chain %s", name, len(nodes), len(alive), master, keep, chunk_mb,
-                transport_label(transport), interface or "node address", plan)
-    return group
-
-
-def transport_label(spec: Optional[Any]) -> str:
-    """``tcp``, or ``mooncake/<protocol>[ on <device>]``, for the start-up log of a ``TransportSpec``."""
-    if spec is None or spec.kind == "tcp":
-        return "tcp"
-    return f"mooncake/{spec.protocol}" + (f" on {spec.device}" if spec.device else "")
-
-
-def replica_relays(group: Any, replicas: list) -> dict:
-    """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from)."""
-    import ray
-
-    out = {}
-    for r in replicas:
-        relay_id = ray.get(group.relay_on_node.remote(_node_of(r.workers[0])))
-        out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
-    return out
-
-
-def pid_of(actor: Any) -> int:
-    import ray
-
-    from verl_laminar.platform.priority import current_pid
-
-    return int(ray.get(actor.__ray_call__.remote(lambda self: current_pid())))
-
-
-def process_tree(roots: list[int]) -> list[int]:
-    """``roots`` and every process they started, as they are now (on this node)."""
-    import psutil
-
-    pids: list[int] = []
-    for pid in roots:
-        try:
-            pids += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    return list(dict.fromkeys(pids))
-
-
-def local_roots(replica: Any) -> list[int]:
-    """PIDs of the replica's server and workers that run on this node (a PID means nothing on another node)."""
-    import ray
-
-    here = ray.get_runtime_context().get_node_id()
-    return [pid_of(a) for a in (replica.server, *replica.workers) if _node_of(a) == here]
-
-
-def replica_pids(replica: Any) -> list[int]:
-    """A replica's processes: its server actor, its workers and every process they started (vLLM's engine core)."""
-    return process_tree([pid_of(replica.server)] + [pid_of(w) for w in replica.workers])
-
-
-def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = False,
-                 why: str = "laminar.fault_injection") -> list[int]:
-    """SIGKILL a replica as a machine loss would, or with ``hang`` SIGSTOP it as a stuck one looks (fault
-    injection, ``laminar.fault_injection``; the hang watch kills a hung one the same way). ``pids``: from
-    ``replica_pids``, collected ahead so the signal itself takes microseconds; returns the PIDs signalled."""
-    import signal
-
-    pids = replica_pids(replica) if pids is None else pids
-    sig = signal.SIGSTOP if hang else signal.SIGKILL
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            continue
-    logger.warning("%s: %s replica %d (%s of PIDs %s)", why, "stopped" if hang else "killed", replica.replica_id,
-                   sig.name, pids)
-    return pids
-
-
-def cpu_priority_on(laminar: Any, cpu_platform: Optional[Callable[[], bool]] = None) -> bool:
-    """Whether the trainer renices its processes (``apply_cpu_priority``): ``laminar.cpu_priority`` and the CPU
-    platform (``cpu_platform``: the platform decision, ``platform.cpu.cpu_platform_requested`` unless given)."""
-    if not laminar.cpu_priority:
-        return False
-    if cpu_platform is None:
-        from verl_laminar.platform.cpu import cpu_platform_requested
-
-        return bool(cpu_platform_requested())
-    return bool(cpu_platform())
-
-
-def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
-    """Rollouts at nice 19, trainer ranks at nice 0 (when permitted): on a shared CPU host, generation then
-    fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""
-    from verl_laminar.platform.priority import renice_tree
-
-    out = {"rollout": [renice_tree(pid_of(s), 19) for s in replica_servers], "trainer": []}
-    for w in trainer_workers:
-        try:
-            out["trainer"].append(renice_tree(pid_of(w), 0))
-        except PermissionError:
-            logger.warning("laminar.cpu_priority: no permission to raise the trainer's priority; only the rollouts "
-                           "were lowered (nice 19)")
-            break
-    logger.info("laminar.cpu_priority: rollouts at nice 19 %s, trainer ranks at nice 0 %s", out["rollout"],
-                out["trainer"])
-    return out
 
 
 def default_max_batch(measure_cpu: Optional[Callable[[], int]] = None) -> int:

@@ -1,0 +1,101 @@
+"""The relay group of a Laminar run and what the router needs of each replica: where relays go (one per rollout
+node), the spawn, and each replica's relay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any, Optional
+
+from verl_laminar.trainer.procs import node_of
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # start-up decisions belong in the run's record
+
+def replica_handles(replicas: list) -> list:
+    """What the router needs of each verl RolloutReplica."""
+    from verl_laminar.rollout.router import ReplicaHandles
+
+    return [ReplicaHandles(replica_id=int(r.replica_rank), address=r.server_address, server=r.server_handle,
+                           workers=tuple(r.workers)) for r in replicas]
+
+
+def relay_nodes(nodes: list[dict], rollout_node_ids: Optional[Any], master_node_id: str) -> list[tuple[str, str]]:
+    """(node id, node ip) of the nodes that get a relay, sorted by node id (pure).
+
+    ``nodes``: ``ray.nodes()``-like dicts (``NodeID``, ``NodeManagerAddress``, ``Alive``). A relay runs on every
+    alive node of ``rollout_node_ids`` and on ``master_node_id`` (trainer rank 0's node, the master); other
+    trainer nodes never read a version and get none. ``rollout_node_ids=None``: every alive node.
+    """
+    alive = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes if n.get("Alive")}
+    if master_node_id not in alive:
+        raise ValueError(f"trainer rank 0's node {master_node_id} is not an alive Ray node; the master relay must "
+                         "run there (check `ray status`)")
+    wanted = set(alive) if rollout_node_ids is None else {n for n in rollout_node_ids if n in alive}
+    return [(nid, alive[nid]) for nid in sorted(wanted | {master_node_id})]
+
+
+def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas: Optional[list] = None,
+                 relay: Optional[Any] = None) -> Any:
+    """The relay group: one relay per rollout node plus one on trainer rank 0's node, the master.
+
+    ``replicas``: verl's rollout replicas (each with ``.workers``); None puts a relay on every alive node.
+    ``relay``: the typed ``laminar.relay`` section (``keep_versions``, ``chunk_mb``, the transport, ``interface``);
+    None: their defaults (tcp, bound to each node's Ray address).
+    Relays and stores an earlier, crashed run left behind are swept first.
+    """
+    import ray
+
+    from verl_laminar.relay.group import DEFAULT_GROUP_NAME, RelayGroup, sweep_stale_relays
+    from verl_laminar.relay.store import KEEP_VERSIONS
+
+    name = group_name or DEFAULT_GROUP_NAME
+    # relay ids name the host-memory stores: unique per run, so two runs on one host never share a store
+    run = uuid.uuid4().hex[:8]
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    master_node = node_of(trainer_rank0)
+    rollout_nodes = None
+    if replicas is not None:
+        workers = [w for r in replicas for w in r.workers]
+        rollout_nodes = set(ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                                     for w in workers]))
+        gone = rollout_nodes - {n["NodeID"] for n in alive}
+        if gone:
+            logger.warning("relay group %s: rollout nodes %s are not alive; no relay there", name, sorted(gone))
+    chosen = relay_nodes(alive, rollout_nodes, master_node)
+    nodes = {f"relay{i}-{run}": node for i, node in enumerate(chosen)}
+    master = next(rid for rid, (nid, _) in nodes.items() if nid == master_node)
+    sweep_stale_relays(name, [n["NodeID"] for n in alive])
+    keep = relay.keep_versions if relay is not None else KEEP_VERSIONS
+    chunk_mb = relay.chunk_mb if relay is not None else None
+    transport = relay.transport_spec() if relay is not None else None
+    interface = relay.interface if relay is not None else None
+    # the chunk count of each broadcast comes from the cost model at the link rate the user states
+    link_bytes_per_s = relay.link_gbps * 1e9 / 8 if relay is not None else None
+    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name)
+    plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
+                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface))
+    logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
+                "interface %s, chain %s", name, len(nodes), len(alive), master, keep, chunk_mb,
+                transport_label(transport), interface or "node address", plan)
+    return group
+
+
+def transport_label(spec: Optional[Any]) -> str:
+    """``tcp``, or ``mooncake/<protocol>[ on <device>]``, for the start-up log of a ``TransportSpec``."""
+    if spec is None or spec.kind == "tcp":
+        return "tcp"
+    return f"mooncake/{spec.protocol}" + (f" on {spec.device}" if spec.device else "")
+
+
+def replica_relays(group: Any, replicas: list) -> dict:
+    """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from)."""
+    import ray
+
+    out = {}
+    for r in replicas:
+        relay_id = ray.get(group.relay_on_node.remote(node_of(r.workers[0])))
+        out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
+    return out
