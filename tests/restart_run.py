@@ -41,7 +41,11 @@ RUN2_EVENTS = ("replacement_trained", "adopted_trained")
 RUN2_TIMEOUT_S = 1500
 KILL_AFTER = 2  # the trainer's kill (run 1)
 REPLICA_KILLED = 1
-REPLICA_KILL_AFTER = KILL_AFTER + 1  # the first step run 2 trains
+# the replica fault strikes while its replica generates, at the end of the step after it is armed at the latest: the
+# first steps run 2 trains can be the groups it adopted whole from the pool (up to the warm-up window, 2 batches),
+# whose replicas have little to generate meanwhile (a run that adopted a whole batch killed its replica idle, while
+# it loaded, with no group to move), so it is armed after the second step past the adoptable ones
+REPLICA_KILL_AFTER = KILL_AFTER + 3
 POOL_KILL_AFTER = REPLICA_KILL_AFTER + 2  # while the replacement starts
 FAILOVER_OVERRIDES = (f"laminar.fault_injection.kill_replica={REPLICA_KILLED}",
                       f"laminar.fault_injection.kill_after_step={REPLICA_KILL_AFTER}",
