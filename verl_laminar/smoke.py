@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from verl_laminar import stepfile, timeline
+from verl_laminar import stepfile
 from verl_laminar.report.runlog import RunRecord
 
 logger = logging.getLogger("verl_laminar.smoke")
@@ -136,7 +136,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(log_path, "w") as log:
         code = run_command(cmd, args.limit_s, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
                            cwd=REPO)
-    steps_file = stepfile.path_beside(args.out / "checkpoints" / timeline.FILE_NAME)  # the recipe's default_local_dir
+    steps_file = args.out / "checkpoints" / stepfile.FILE_NAME  # beside the timeline in the recipe's default_local_dir
     run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else None
     verdict = evaluate(log_path.read_text(errors="replace"), args.steps, gpus - 1, code, before, shm_entries(), run)
     verdict.update(wall_s=round(time.monotonic() - t0, 1), gpus=gpus, log=str(log_path))

@@ -35,22 +35,20 @@ def path_beside(timeline_path: Union[str, Path]) -> Path:
 
 
 def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics that are numbers (numpy scalars and 0-d arrays included), as floats; a NaN or infinity is kept as
-    JSON null would lose it, so it is written as a string the reader turns back."""
+    """The metrics that are numbers (bools, numpy scalars and 0-d arrays included), as floats; text is skipped."""
     out: dict[str, float] = {}
     for key, value in metrics.items():
-        if isinstance(value, bool):
-            out[str(key)] = float(value)
-            continue
+        if isinstance(value, (str, bytes)):
+            continue  # float("3") would parse it: a string metric is not a number
         try:
-            number = float(value)  # int, float, numpy scalar, 0-d array, 1-element tensor
+            out[str(key)] = float(value)  # int, bool, float, numpy scalar, 0-d array, 1-element tensor
         except (TypeError, ValueError):
             continue
-        out[str(key)] = number
     return out
 
 
 def _encode(value: float) -> Union[float, str]:
+    # JSON has no NaN or infinity: written as 'nan', 'inf', '-inf', which the reader's float() turns back
     return value if math.isfinite(value) else repr(value)  # 'nan', 'inf', '-inf'
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_laminar.rollout.decode_profile import ProfilePlan, b_from_profile, measure
+from verl_laminar.policy.roofline import crossover_batch_from_profile
+from verl_laminar.rollout.decode_profile import ProfilePlan, measure
 
 
 def _engine(per_step_s, prefill_s: float = 0.5):
@@ -31,11 +32,11 @@ def test_the_profile_is_free_of_prefill_and_warm_up():
 def test_b_is_where_the_compute_slope_reaches_the_single_sequence_step():
     # flat (memory-bound) to 8, then every sequence adds 5 ms: 5 ms * b <= 21 ms up to b = 4
     profile = {1: 0.021, 2: 0.021, 4: 0.022, 8: 0.030, 16: 0.070}
-    assert b_from_profile(profile) == 4
+    assert crossover_batch_from_profile(profile) == 4
     # still flat at the largest batch profiled: B is at least that
-    assert b_from_profile({1: 0.02, 2: 0.02, 4: 0.02, 8: 0.02}) == 8
+    assert crossover_batch_from_profile({1: 0.02, 2: 0.02, 4: 0.02, 8: 0.02}) == 8
     # compute-bound from the start: nothing is merged
-    assert b_from_profile({1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08}) == 1
+    assert crossover_batch_from_profile({1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08}) == 1
 
 
 def test_a_median_of_repeats_rides_out_one_slow_sample():

@@ -63,10 +63,6 @@ def measure(run: Callable[[int, int], float], plan: ProfilePlan) -> dict[int, fl
     return out
 
 
-def b_from_profile(profile: dict[int, float]) -> int:
-    return crossover_batch_from_profile(profile)
-
-
 def server_runner(server: Any, timeout_s: float = 300.0) -> Callable[[int, int], float]:
     """``run(b, n)`` on a verl vLLM server actor (its ``generate``: prompt ids, sampling params, request id)."""
     import ray
@@ -86,7 +82,7 @@ def replica_b(server: Any, max_num_seqs: int, plan: ProfilePlan = ProfilePlan())
     """B measured on ``server`` (a replica's server actor), logged with its profile."""
     t0 = time.monotonic()
     profile = measure(server_runner(server), plan.capped(max_num_seqs))
-    b = b_from_profile(profile)
+    b = crossover_batch_from_profile(profile)
     logger.info("laminar.repack: B = %d from replica 0's decode profile (ms per step by batch: %s; %.1f s; set "
                 "laminar.repack.max_batch_b to fix it)", b,
                 {k: round(1000 * v, 2) for k, v in sorted(profile.items())}, time.monotonic() - t0)
