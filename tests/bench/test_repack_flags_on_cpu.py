@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verl_laminar.bench.repack import parse_args
-from verl_laminar.trainer.settings import repack_settings
+from verl_laminar.config.prepare import repack_settings
 
 
 def test_the_flags_become_the_laminar_block():

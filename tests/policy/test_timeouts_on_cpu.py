@@ -100,9 +100,9 @@ def test_settings_from_the_typed_config():
 
     lam = LaminarConfig(refresh=RefreshConfig(wait_factor=4.0, min_wait_s=60.0, retries=1),
                         relay=RelayConfig(link_gbps=25.0))
-    s = RefreshSettings.from_laminar(lam)
+    s = lam.refresh_settings()
     assert (s.link_gbps, s.wait_factor, s.min_wait_s, s.retries) == (25.0, 4.0, 60.0, 1)
-    d = RefreshSettings.from_laminar(LaminarConfig())
+    d = LaminarConfig().refresh_settings()
     assert d == RefreshSettings()  # the YAML defaults and the policy defaults agree
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from laminar_testing import run_py
 from verl_laminar.data import toy_math_path
-from verl_laminar.trainer import settings
+from verl_laminar.config import prepare as settings
 
 VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_search_locations)[0], "trainer", "config")
 RECIPE = ["+laminar=enabled", "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",
@@ -51,7 +51,7 @@ def test_verls_staleness_threshold_is_replaced_at_its_default_and_refused_when_s
     laminar.buffer.max_staleness. verl's default passes with a log line; a value a user set stops the run."""
     cfg = recipe_cfg.copy()
     assert cfg.trainer.v1.sampler.max_off_policy_threshold == settings.VERL_OFF_POLICY_DEFAULT  # verl's own default
-    with caplog.at_level("INFO", logger="verl_laminar.trainer.settings"):
+    with caplog.at_level("INFO", logger="verl_laminar.config.prepare"):
         settings.prepare_config(cfg)
     assert "max_off_policy_threshold (8) is not used" in caplog.text
     cfg = recipe_cfg.copy()

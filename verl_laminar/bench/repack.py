@@ -44,7 +44,7 @@ from verl_laminar.config.schema import RepackConfig as RepackSection
 from verl_laminar.platform.procs import reap
 from verl_laminar.policy.lengths import SkewedLengths
 from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
-from verl_laminar.trainer.settings import repack_settings
+from verl_laminar.config.prepare import repack_settings
 
 logger = logging.getLogger("verl_laminar.bench.repack")
 
@@ -321,7 +321,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def laminar_block(args: argparse.Namespace) -> LaminarConfig:
     """The repack and pool flags as the typed ``laminar`` block the trainer reads: the same checks and errors (they
-    name the key), and the router's settings come from it as under verl (``trainer.settings.repack_settings``)."""
+    name the key), and the router's settings come from it as under verl (``config.prepare.repack_settings``)."""
     return LaminarConfig(repack=RepackSection(interval_s=args.interval, c_max=args.c_max,
                                               max_batch_b=args.max_batch_b),
                          pool=PoolConfig(flush_tokens=args.flush_tokens, flush_interval_s=args.flush_interval_s))

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-if TYPE_CHECKING:  # the relay package stays out of this module's imports (see the module docstring)
+if TYPE_CHECKING:  # the relay and policy packages stay out of this module's imports (see the module docstring)
+    from verl_laminar.policy.timeouts import RefreshSettings
     from verl_laminar.relay.transport_spec import TransportSpec
 
 ROOT = "laminar"
@@ -338,6 +339,13 @@ class LaminarConfig(_Section):
             self.replicas is None or self.replicas >= 1,
             "must be null (derived from actor_rollout_ref.rollout resources) or an integer >= 1",
         )
+
+    def refresh_settings(self) -> "RefreshSettings":
+        """The refresh deadlines' inputs (``policy.timeouts``) from this block (its keys are range-checked here)."""
+        from verl_laminar.policy.timeouts import RefreshSettings  # the policy stays free of this package
+
+        return RefreshSettings(link_gbps=self.relay.link_gbps, wait_factor=self.refresh.wait_factor,
+                               min_wait_s=self.refresh.min_wait_s, retries=self.refresh.retries)
 
     @classmethod
     def from_omegaconf(cls, node: DictConfig | Mapping[str, Any] | None) -> "LaminarConfig":

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, chain_time, t_model
 
-if TYPE_CHECKING:  # only for the annotation; the policy stays free of the config package at run time
-    from verl_laminar.config.schema import LaminarConfig
 
 # The per-chunk start-up cost Ts is the relays' own (policy.chain, measured between relays): one value for the
 # chunk count the relays choose and for the deadlines the router derives from it.
@@ -65,12 +63,6 @@ class RefreshSettings:
         for key, value, ok, requirement in checks:
             if not ok:
                 raise TimeoutPolicyError(f"{key}={value!r}: {requirement}")
-
-    @classmethod
-    def from_laminar(cls, lam: "LaminarConfig") -> "RefreshSettings":
-        """The settings of the typed ``laminar`` block (its keys are range-checked there already)."""
-        return cls(link_gbps=lam.relay.link_gbps, wait_factor=lam.refresh.wait_factor,
-                   min_wait_s=lam.refresh.min_wait_s, retries=lam.refresh.retries)
 
 
 @dataclass(frozen=True)

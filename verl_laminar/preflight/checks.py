@@ -202,7 +202,7 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
         report.add("relay.dev_shm", WARN, f"this node hosts no relay (role {role})",
                    f"each rollout node needs {_gb(need['rollout'])} free in /dev/shm and the master's node "
                    f"{_gb(need['master'])}: run the preflight there with --node-role rollout (or master)")
-    settings = RefreshSettings.from_laminar(lam)
+    settings = lam.refresh_settings()
     if opts.link_gbps is not None:
         settings = dataclasses.replace(settings, link_gbps=float(opts.link_gbps))
     link = settings.link_gbps
@@ -347,7 +347,7 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
     lam = None
     prepared = cfg
     if mode == "laminar":
-        from verl_laminar.trainer import settings
+        from verl_laminar.config import prepare as settings
 
         prepared = copy.deepcopy(cfg)
         with _row(report, "laminar.config"):

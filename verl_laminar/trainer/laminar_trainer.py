@@ -31,7 +31,8 @@ from verl_laminar import timeline as tl
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
-from verl_laminar.trainer import bound, procs, relays, settings, until
+from verl_laminar.config import prepare as settings
+from verl_laminar.trainer import bound, procs, relays, until
 from verl_laminar.trainer.events import apply_router_events
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
         from verl_laminar.rollout.decode_profile import replica_b
-        from verl_laminar.rollout.router_actor import RefreshSettings, spawn_router
+        from verl_laminar.rollout.router_actor import spawn_router
 
         self.relay_group = relays.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
                                                 replicas=self.standalone_server_manager.get_replicas())
@@ -137,7 +138,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         repack = settings.repack_settings(self.laminar, lambda: replica_b(
             replicas[0].server, int(self.config.actor_rollout_ref.rollout.max_num_seqs)))
         self.router = spawn_router(replicas, gpb, relays=relays.replica_relays(self.relay_group, replicas),
-                                   repack=repack, refresh=RefreshSettings.from_laminar(self.laminar),
+                                   repack=repack, refresh=self.laminar.refresh_settings(),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
                                    else 0, max_staleness=self.laminar.buffer.max_staleness)
