@@ -39,10 +39,10 @@ def test_cpu_priority_renices_only_when_on_and_on_the_cpu_platform():
 
 # ---- laminar.repack.interval_s ----
 def test_repack_rounds_run_every_interval_s():
+    from verl_laminar.config.prepare import repack_settings
     from verl_laminar.policy.repack import RepackPolicy
     from verl_laminar.rollout.repack import RepackRounds
     from verl_laminar.rollout.repack_driver import RepackDriver
-    from verl_laminar.config.prepare import repack_settings
 
     class Counting(RepackDriver):
         ran = 0
@@ -67,8 +67,8 @@ def test_repack_rounds_run_every_interval_s():
 
 # ---- laminar.repack.c_max, laminar.repack.max_batch_b ----
 def test_c_max_and_max_batch_b_decide_which_replicas_are_repack_sources():
-    from verl_laminar.policy.repack import RolloutSnapshot, is_candidate
     from verl_laminar.config.prepare import repack_settings
+    from verl_laminar.policy.repack import RolloutSnapshot, is_candidate
 
     def source(**repack) -> bool:
         policy = repack_settings(lam(repack={"max_batch_b": 8, **repack})).policy

@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from laminar_testing import run_py
-from verl_laminar.data import toy_math_path
 from verl_laminar.config import prepare as settings
+from verl_laminar.data import toy_math_path
 
 VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_search_locations)[0], "trainer", "config")
 RECIPE = ["+laminar=enabled", "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",

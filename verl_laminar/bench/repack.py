@@ -39,12 +39,12 @@ from typing import Any, Optional
 from verl_laminar import metrics as lm
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.bench.router_run import RouterRun, RunResult
+from verl_laminar.config.prepare import repack_settings
 from verl_laminar.config.schema import LaminarConfig, LaminarConfigError, PoolConfig
 from verl_laminar.config.schema import RepackConfig as RepackSection
 from verl_laminar.platform.procs import reap
 from verl_laminar.policy.lengths import SkewedLengths
 from verl_laminar.policy.roofline import batch_from_profile, crossover_batch_from_profile
-from verl_laminar.config.prepare import repack_settings
 
 logger = logging.getLogger("verl_laminar.bench.repack")
 

@@ -24,7 +24,6 @@ from typing import Mapping, Optional
 
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, chain_time, t_model
 
-
 # The per-chunk start-up cost Ts is the relays' own (policy.chain, measured between relays): one value for the
 # chunk count the relays choose and for the deadlines the router derives from it.
 # A replica reads its version from host shared memory and copies it into the engine tensor by tensor;

@@ -168,7 +168,7 @@ def node_role(opts: Options, single_host: bool) -> str:
 
 def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Placement, version: int) -> None:
     from verl_laminar.policy.relay_memory import relay_host_bytes
-    from verl_laminar.policy.timeouts import RefreshSettings, broadcast_time_s, refresh_deadlines
+    from verl_laminar.policy.timeouts import broadcast_time_s, refresh_deadlines
 
     keep = int(lam.relay.keep_versions)
     need = {role: relay_host_bytes(version, keep, role) for role in ("rollout", "master", "trainer")}

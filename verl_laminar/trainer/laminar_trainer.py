@@ -28,10 +28,10 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl_laminar import metrics as lm
 from verl_laminar import stepfile
 from verl_laminar import timeline as tl
+from verl_laminar.config import prepare as settings
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
-from verl_laminar.config import prepare as settings
 from verl_laminar.trainer import bound, procs, relays, until
 from verl_laminar.trainer.events import apply_router_events
 
