@@ -11,13 +11,20 @@ import sys
 import pytest
 
 from laminar_testing import REPO
+from verl_laminar.report.runlog import RunRecord
 from verl_laminar.smoke import evaluate, plan
 
-STEP = ("step:{s} - laminar/trajectories/trained:{t} - actor/pg_loss:0.1 - timing_s/step:1.0")
 LOG = "\n".join(["laminar: replica 0 loaded version 0", "laminar: replica 1 loaded version 0",
-                 STEP.format(s=1, t=32), "laminar: replica 0 loaded version 1", "laminar: replica 1 loaded version 1",
-                 STEP.format(s=2, t=64), "laminar: replica 1 loaded version 2", "laminar: replica 0 loaded version 2",
-                 STEP.format(s=3, t=96)])
+                 "laminar: replica 0 loaded version 1", "laminar: replica 1 loaded version 1",
+                 "laminar: replica 1 loaded version 2", "laminar: replica 0 loaded version 2"])
+
+
+def steps(last: int) -> RunRecord:
+    """A run's step file read back: steps 1..last (the verdict reads no metric from the log)."""
+    run = RunRecord("laminar")
+    for s in range(1, last + 1):
+        run.add_step(s, {"laminar/trajectories/trained": 32.0 * s, "timing_s/step": 1.0}, float(s))
+    return run
 
 
 def test_plan_needs_a_trainer_gpu_and_a_rollout_gpu(tmp_path):
@@ -39,31 +46,31 @@ def test_bucket_is_below_the_fixtures_largest_tensor(tiny_model_dir, tmp_path):
 
 
 def test_verdict_passes_a_good_run_and_names_each_failure():
-    good = evaluate(LOG, steps=3, replicas=2, exit_code=0, shm_before={"old"}, shm_after={"old"})
+    good = evaluate(LOG, steps=3, replicas=2, exit_code=0, shm_before={"old"}, shm_after={"old"}, run=steps(3))
     assert good["ok"], good
     assert good["replica_versions"] == {"0": [0, 1, 2], "1": [0, 1, 2]}
     stuck = evaluate(LOG.replace("replica 1 loaded version 1", "replica 1 loaded version 0").replace(
-        "replica 1 loaded version 2", "replica 1 loaded version 0"), 3, 2, 0, set(), set())
+        "replica 1 loaded version 2", "replica 1 loaded version 0"), 3, 2, 0, set(), set(), steps(3))
     assert not stuck["checks"]["every_replica_loaded_trained_weights"]
-    back = evaluate(LOG + "\nlaminar: replica 0 loaded version 1", 3, 2, 0, set(), set())
+    back = evaluate(LOG + "\nlaminar: replica 0 loaded version 1", 3, 2, 0, set(), set(), steps(3))
     assert not back["checks"]["versions_never_go_back"]
-    leak = evaluate(LOG, 3, 2, 0, set(), {"relay0-1234abcd"})
+    leak = evaluate(LOG, 3, 2, 0, set(), {"relay0-1234abcd"}, steps(3))
     assert not leak["checks"]["dev_shm_empty_after"] and leak["left_in_dev_shm"] == ["relay0-1234abcd"]
-    broken = evaluate(LOG + "\nInvariantViolation: mixed versions", 3, 2, 0, set(), set())
+    broken = evaluate(LOG + "\nInvariantViolation: mixed versions", 3, 2, 0, set(), set(), steps(3))
     assert not broken["checks"]["no_invariant_violation"]
-    short = evaluate(LOG, 4, 2, 0, set(), set())
+    short = evaluate(LOG, 4, 2, 0, set(), set(), steps(3))
     assert not short["checks"]["every_step_trained"]
-    assert not evaluate(LOG, 3, 3, 0, set(), set())["checks"]["every_replica_loaded_trained_weights"]
+    assert not evaluate(LOG, 3, 3, 0, set(), set(), steps(3))["checks"]["every_replica_loaded_trained_weights"]
 
 
 def test_verdict_takes_an_early_end_on_the_awaited_refreshes_and_only_that():
-    two = LOG.split(STEP.format(s=3, t=96))[0]  # steps 1-2; both replicas loaded version 1 by step 2
+    two = LOG.split("laminar: replica 1 loaded version 2")[0]  # both replicas loaded version 1 by step 2
     ended = two + "laminar.run_until: every awaited event happened by step 2 (every_replica_refreshed at step 2); " \
                   "the run ends\n"
-    early = evaluate(ended, steps=8, replicas=2, exit_code=0, shm_before=set(), shm_after=set())
+    early = evaluate(ended, steps=8, replicas=2, exit_code=0, shm_before=set(), shm_after=set(), run=steps(2))
     assert early["ok"] and (early["steps"], early["max_steps"]) == (2, 8), early
     # two steps of an 8-step cap without that line: the run stopped short, which is a failure
-    assert not evaluate(two, 8, 2, 0, set(), set())["checks"]["every_step_trained"]
+    assert not evaluate(two, 8, 2, 0, set(), set(), steps(2))["checks"]["every_step_trained"]
 
 
 def test_dry_run_prints_the_plan_and_one_gpu_is_refused():

@@ -59,20 +59,18 @@ def plan(gpus: int, steps: int, bucket_mb: float, out: Path, model: Optional[str
     # many steps that takes depends on the machine (a replica refreshes only when its own batch ends)
     overrides = [f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb:g}",
                  f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]",
-                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "trainer.logger=[console]"]
+                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
     return ["bash", str(RECIPE), *overrides], env
 
 
 def evaluate(log: str, steps: int, replicas: int, exit_code: int, shm_before: set[str],
-             shm_after: set[str], run: Optional[RunRecord] = None) -> dict:
-    """The verdict on a finished run (pure: the log text and two listings of the relay store root). ``steps``: the
-    run's cap; a run that ended earlier on its awaited events (laminar.run_until) trained every step up to that.
-    ``run``: the steps the run wrote to its step file (``verl_laminar.stepfile``); None reads verl's console lines
-    in ``log``, for a run that left no step file."""
+             shm_after: set[str], run: RunRecord) -> dict:
+    """The verdict on a finished run (pure: the log text, the run's steps and two listings of the relay store
+    root). ``steps``: the run's cap; a run that ended earlier on its awaited events (laminar.run_until) trained
+    every step up to that. ``run``: the steps the run wrote to its step file (``verl_laminar.stepfile``; the log's
+    lines give the replicas' loads and the early end, never a metric)."""
     from verl_laminar.policy.until import ended_at
 
-    if run is None:
-        run = RunRecord("laminar").feed_all((0.0, line) for line in log.splitlines())
     ended = ended_at(log)
     last = ended if ended is not None and ended <= steps else steps
     loads: dict[int, list[int]] = {}
@@ -137,7 +135,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         code = run_command(cmd, args.limit_s, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
                            cwd=REPO)
     steps_file = args.out / "checkpoints" / stepfile.FILE_NAME  # beside the timeline in the recipe's default_local_dir
-    run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else None
+    # no step file: the run trained no step (the verdict says so)
+    run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else RunRecord("laminar")
     verdict = evaluate(log_path.read_text(errors="replace"), args.steps, gpus - 1, code, before, shm_entries(), run)
     verdict.update(wall_s=round(time.monotonic() - t0, 1), gpus=gpus, log=str(log_path))
     sys.stdout.write(json.dumps(verdict, indent=2) + "\n")

@@ -109,3 +109,16 @@ def read_step_file(path: Union[str, Path]) -> list[StepLine]:
                 break
             raise ValueError(f"{path}:{i}: not a step-file line ({e!r})") from None
     return out
+
+
+def run_starts(path: Union[str, Path]) -> list[float]:
+    """The ``t`` of each (re)start line, in order (a benchmark's launcher writes its launch time there)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # a torn line; read_step_file reports it
+        if isinstance(obj, dict) and obj.get("kind") == "run":
+            out.append(float(obj["t"]))
+    return out

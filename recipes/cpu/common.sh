@@ -36,6 +36,7 @@ if [ -n "$TRAIN_ROWS" ]; then
   "$PY" -m verl_laminar.data.subset "$DATA" "$OUT/train_subset" "$TRAIN_ROWS"
   DATA=$OUT/train_subset
 fi
+export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$OUT/verl_metrics.jsonl}  # see trainer.logger below
 KV_BYTES=${KV_BYTES:-268435456}  # vLLM KV cache per replica (256 MiB holds ~250k tokens of the tiny model)
 
 WORKLOAD=(
@@ -69,7 +70,10 @@ WORKLOAD=(
   trainer.val_before_train=False
   trainer.test_freq=-1
   trainer.save_freq=-1
-  trainer.logger='[console]'
+  trainer.logger="${LOGGER:-[console,file]}"
+  # verl's file tracker: every step's metrics, one JSON line each; what the benchmarks, the chaos run and the
+  # e2e tests read (never the console). The path reaches the trainer process through the job's runtime env.
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="$VERL_FILE_LOGGER_PATH"
   trainer.project_name=verl_laminar_cpu
   trainer.default_local_dir="$OUT/checkpoints"
 )

@@ -20,10 +20,11 @@ def _line(t: float, level: str, msg: str, who: str = "TaskRunnerV1 pid=1") -> st
     return f"\x1b[36m({who})\x1b[0m {level}:{stamp}:{msg}"
 
 
-def _step(step: int, tokens: float, spans: int = 1, down: int = 0, adopted: int = 0) -> str:
-    return (f"\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:{step} - perf/total_num_tokens:{tokens} - "
-            f"training/off_policy/trajectory_spans/max:{spans} - laminar/ft/groups_moved:{step // 3} - "
-            f"laminar/fleet/tokens_while_trainer_down:{down} - laminar/fleet/adopted_trajectories_trained:{adopted}")
+def _step(step: int, tokens: float, spans: int = 1, down: int = 0, adopted: int = 0) -> tuple[int, dict]:
+    """One step as verl's file tracker gives it (the launcher reads it from there, never from the console)."""
+    return step, {"perf/total_num_tokens": tokens, "training/off_policy/trajectory_spans/max": spans,
+                  "laminar/ft/groups_moved": step // 3, "laminar/fleet/tokens_while_trainer_down": down,
+                  "laminar/fleet/adopted_trajectories_trained": adopted}
 
 
 def test_the_plan_is_seeded_spaced_and_complete():
@@ -49,28 +50,27 @@ def test_the_launch_passes_the_plan_as_the_trainers_schedule_and_resumes(tmp_pat
 
 def test_the_report_reads_faults_recoveries_and_throughput_from_the_logs(tmp_path):
     log0 = [_line(1, "INFO", "laminar: every replica loaded version 0: {0: 0, 1: 0}")]
-    log0 += [_step(s, 1000.0) for s in range(1, 4)]
+    steps0 = [_step(s, 1000.0) for s in range(1, 8)]
     log0 += [_line(30, "WARNING", "laminar.fault_injection: killed replica 1 (SIGKILL of PIDs [11, 12])"),
              _line(30.4, "ERROR", "replica 1 died (ActorDiedError()): 4 open groups moved", "LaminarRouter pid=2"),
              _line(50, "WARNING", "request r of group 'g': its replica died; running it again on the group's new "
                                   "replica (version 3)", "LaminarAgentLoopWorker pid=3"),
              _line(110, "WARNING", "laminar: replica 2 replaces replica 1: started in 80.0 s; it loads ...")]
-    log0 += [_step(s, 1000.0) for s in range(4, 8)]
     log0 += [_line(160, "WARNING", "laminar.fault_injection: killing the trainer process (SIGKILL of PID 1) after "
                                    "step 7")]
     log1 = [_line(250, "INFO", "laminar: every replica loaded version 7: {0: 7, 1: 7}"),
             _line(262, "INFO", "laminar step 8: staleness [0], replica versions {0: 7, 1: 7}, 32 trajectories")]
     # the next launch found 70 tokens generated after the killed trainer's last beat; it trained 4 adopted responses
-    log1 += [_step(s, 1000.0, spans=2 if s == 9 else 1, down=70, adopted=4) for s in range(8, 11)]
+    steps1 = [_step(s, 1000.0, spans=2 if s == 9 else 1, down=70, adopted=4) for s in range(8, 11)]
     launches = []
-    for i, (lines, t0, seen) in enumerate([(log0, T0, {1: 10, 2: 20, 3: 29, 4: 120, 5: 130, 6: 140, 7: 150}),
-                                           (log1, T0 + 200, {8: 62, 9: 72, 10: 82})]):
+    for i, (lines, steps, t0, seen) in enumerate([
+            (log0, steps0, T0, {1: 10, 2: 20, 3: 29, 4: 120, 5: 130, 6: 140, 7: 150}),
+            (log1, steps1, T0 + 200, {8: 62, 9: 72, 10: 82})]):
         path = tmp_path / f"launch{i}.log"
         path.write_text("\n".join(lines) + "\n")
         rec = RunRecord(f"launch{i}")
-        for line in lines:
-            m = line.split(" - ")[0].rsplit("step:", 1)
-            rec.feed(line, float(seen[int(m[1])]) if len(m) == 2 and m[1].isdigit() else 0.0)
+        for step, metrics in steps:
+            rec.add_step(step, metrics, float(seen[step]))
         rec.exit_code = 0 if i else -9
         launches.append({"t0": t0, "record": rec, "log": path})
     plan = [Fault(3, "replica_kill"), Fault(7, "trainer_kill")]

@@ -5,7 +5,7 @@ checkpoint at the end, then checks on the artifacts (not on log text alone) that
 * the policy weights changed (saved step-2 HF weights vs the fixture's);
 * the rollout serves the updated weights: greedy validation outputs change after an update, and verl's
   rollout-vs-actor log-prob correlation stays high at step 2 (when weights are not synced it collapses);
-* verl's usual per-step metrics are printed.
+* verl's usual per-step metrics are written to verl's file tracker (the console tracker is off).
 """
 
 from __future__ import annotations
@@ -18,18 +18,15 @@ import time
 import pytest
 
 from laminar_testing import REPO
+from verl_laminar.report import tracker_file
 from verl_laminar.report.runlog import parse_step_line
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # timeout: the run plus its checks
 
 
-def _metrics_by_step(log: str) -> dict[int, dict[str, float]]:
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        parsed = parse_step_line(line)  # the benchmark's parser: numpy reprs like np.float64(-0.34) included
-        if parsed is not None:
-            steps.setdefault(parsed[0], {}).update(parsed[1])
-    return steps
+def _metrics_by_step(run: dict) -> dict[int, dict[str, float]]:
+    """The steps verl's file tracker wrote (the benchmarks' source too): the console tracker is off in this run."""
+    return tracker_file.read_steps(run["out"] / tracker_file.FILE_NAME)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +41,7 @@ def sync_run(tiny_model_dir, tmp_path_factory):
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
         # A larger step than the demo's, so that two updates visibly move greedy outputs of a tiny model.
         "actor_rollout_ref.actor.optim.lr=2e-3",
+        "trainer.logger=[file]",  # no console tracker: every metric the checks read comes from the file
     ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500, cwd=REPO)
@@ -54,7 +52,8 @@ def sync_run(tiny_model_dir, tmp_path_factory):
 
 def test_recipe_exits_zero_with_per_step_metrics(sync_run):
     assert sync_run["proc"].returncode == 0, sync_run["log"][-4000:]
-    steps = _metrics_by_step(sync_run["log"])
+    assert not [ln for ln in sync_run["log"].splitlines() if parse_step_line(ln)], "console tracker off, yet a step line"
+    steps = _metrics_by_step(sync_run)
     assert {1, 2} <= set(steps), sorted(steps)
     for s in (1, 2):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean",
@@ -88,5 +87,5 @@ def test_rollout_serves_the_updated_weights(sync_run):
     step0, step2 = outputs(0), outputs(2)
     assert len(step0) == len(step2) == 64
     assert sum(a != b for a, b in zip(step0, step2)) >= 1, "greedy outputs identical after two updates"
-    corr = _metrics_by_step(sync_run["log"])[2].get("training/rollout_actor_probs_pearson_corr")
+    corr = _metrics_by_step(sync_run)[2].get("training/rollout_actor_probs_pearson_corr")
     assert corr is not None and corr > 0.9, corr

@@ -5,9 +5,10 @@
     python -m verl_laminar.bench.e2e --results docs/results       # also docs/results/bench_e2e_<workload>_<date>.json + PNGs
 
 Dataflow: for each mode, one recipe run (recipes/cpu/run_*.sh with the workload's BATCH/GROUP/RESP/MICRO and
-seeded length distribution: the same prompts, seeds and per-trajectory lengths in every mode) -> its console
-lines timestamped as they arrive (OUT/<mode>.log; Laminar's trainer also leaves OUT/<mode>/checkpoints/
-laminar_timeline.jsonl) -> report.runlog.summarise (steady-state tokens/s from the step lines, time breakdown,
+seeded length distribution: the same prompts, seeds and per-trajectory lengths in every mode) -> bench.launch:
+its steps from verl's file tracker (OUT/<mode>/verl_metrics.jsonl), stamped as they arrive (OUT/<mode>.steps.jsonl;
+the console in OUT/<mode>.log; Laminar's trainer also leaves OUT/<mode>/checkpoints/laminar_timeline.jsonl) ->
+report.runlog.summarise (steady-state tokens/s over the step records, time breakdown,
 staleness) -> one JSON with every ratio and its provenance -> verl_laminar.report pictures. Runs are
 sequential: two verl runs at once do not fit in this host's memory, and would share its two cores.
 
@@ -27,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from verl_laminar.bench import workloads as wl
+from verl_laminar.bench.launch import Progress, run_logged
 from verl_laminar.bench.provenance import claim_result_path, provenance
-from verl_laminar.bench.tree import TreeWatch, terminate
 from verl_laminar.platform.procs import exit_on_sigterm
+from verl_laminar.report import tracker_file
 from verl_laminar.report.runlog import RunRecord, compare, summarise
 
 logger = logging.getLogger("verl_laminar.bench.e2e")
@@ -69,8 +67,6 @@ FULLY_ASYNC = ("not run: recipes/cpu/run_fully_async_grpo.sh starts it on the CP
 # tiny-bpe, 788-881 with 2 groups and 4 ahead (two default benchmark runs), 1,098.7 with 4 groups and 6 ahead.
 LAMINAR_WARMUP = 6
 LAMINAR_SETTINGS = {"laminar.dispatch.groups_per_batch": "4"}
-# Called with (mode, event, detail) as a run progresses: "start", "step" (step number, seconds since launch), "end".
-Progress = Callable[[str, str, dict], None]
 
 
 def placement(mode: str, args: argparse.Namespace) -> dict:
@@ -121,51 +117,8 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
 
 def run_mode(mode: str, args: argparse.Namespace, progress: Optional[Progress] = None) -> RunRecord:
     cmd, extra = mode_command(mode, args)
-    return run_logged(mode, cmd, extra, Path(args.out) / f"{mode}.log", args.timeout_s, progress)
-
-
-def run_logged(name: str, cmd: list[str], extra_env: dict[str, str], log_path: Path, timeout_s: float,
-               progress: Optional[Progress] = None) -> RunRecord:
-    """Run one training command, each output line stamped with its arrival time (seconds since the start) in
-    ``log_path`` and fed to a ``RunRecord``; the run's whole process tree is ended after it (or at the timeout)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(name)
-    logger.info("%s: %s (log %s)", name, " ".join(cmd), log_path)
-    if progress:
-        progress(name, "start", {"log": str(log_path)})
-    t0 = time.monotonic()
-    # a session of its own, so a timeout ends this run's whole process tree (and only it)
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **extra_env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    timer = threading.Timer(timeout_s, terminate, args=(proc, name))
-    timer.start()
-    tree = TreeWatch(proc.pid)
-    try:
-        with open(log_path, "w") as log:
-            for line in proc.stdout:
-                t = time.monotonic() - t0
-                log.write(f"[{t:9.2f}] {line}")
-                before = len(record.steps)
-                record.feed(line, t)
-                if len(record.steps) > before:
-                    step = max(record.steps)
-                    logger.debug("%s: step %d done at %.0f s", name, step, t)
-                    if progress:
-                        progress(name, "step", {"step": step, "t": t})
-        record.exit_code = proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:  # left early (SIGTERM, Ctrl-C): the run's own session goes first, then its leftovers
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        tree.stop_and_reap(name)
-    elapsed = time.monotonic() - t0
-    logger.debug("%s: exit %s after %.0f s", name, record.exit_code, elapsed)
-    if progress:
-        progress(name, "end", {"exit_code": record.exit_code, "t": elapsed, "log": str(log_path)})
-    return record
+    return run_logged(mode, cmd, extra, Path(args.out) / f"{mode}.log", args.timeout_s, progress,
+                      tracker=Path(args.out) / mode / tracker_file.FILE_NAME)
 
 
 def generation_share(summary: dict) -> Optional[float]:

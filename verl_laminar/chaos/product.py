@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from verl_laminar.bench.e2e import run_logged
+from verl_laminar.bench.launch import run_logged
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.chaos.report import build_report
 from verl_laminar.fleet.cluster import local_cluster

@@ -2,8 +2,8 @@
 ``chaos.product`` runs the launches).
 
 Every Laminar log line carries its wall-clock time (``LEVEL:YYYY-mm-dd HH:MM:SS,mmm:message``); faults, deaths,
-replacements and steps are read from those lines, and the per-step metrics from verl's console lines
-(``report.runlog``).
+replacements and steps are read from those lines, and the per-step metrics from verl's file tracker as each launch
+wrote it (``bench.launch``: ``launch<i>.metrics.jsonl``, each step stamped as it appeared; no console parsing).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """What a run directory holds, read into plain records (no plotting): console logs, timelines, the result JSON.
 
 Two layouts:
-    benchmark   ``python -m verl_laminar.bench.e2e --out RUN_DIR``: ``RUN_DIR/<mode>.log`` (each line prefixed
-                with its arrival time, ``[   12.34] ``), ``RUN_DIR/<mode>/checkpoints/laminar_timeline.jsonl``
-                for Laminar modes, ``RUN_DIR/result.json``
-    plain run   a verl run's console log(s) ``*.log`` (no time prefix), maybe a ``laminar_timeline.jsonl``
+    benchmark   ``python -m verl_laminar.bench.e2e --out RUN_DIR``: ``RUN_DIR/<mode>.log`` (the console, each line
+                prefixed with its arrival time) and ``RUN_DIR/<mode>.steps.jsonl`` (its steps, stamped as they
+                arrived: what the benchmark measured), ``RUN_DIR/<mode>/checkpoints/laminar_timeline.jsonl`` for
+                Laminar modes, ``RUN_DIR/result.json``
+    plain run   a verl run's console log(s) ``*.log``, maybe a Laminar step file and a ``laminar_timeline.jsonl``
                 anywhere below
-Step lines are parsed by ``report.runlog`` (the parser the benchmark uses too), so both agree on every number.
+The steps come from the structured files; verl's console step lines are read only from a run directory saved before
+the launcher kept them in a file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Optional
 
 from verl_laminar import stepfile
 from verl_laminar import timeline as tl
-from verl_laminar.report.runlog import RunRecord, read_log
+from verl_laminar.report.runlog import VIOLATION, RunRecord, read_log
+from verl_laminar.report.tracker_file import stamped_path
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +124,13 @@ def load_run(run_dir: Path, source_json: Optional[Path] = None) -> RunInputs:
     modes: list[ModeRun] = []
     for log in logs:
         name = _mode_name(run_dir, log, {m.name for m in modes})
-        record, stamped = read_log(log, name)
+        launched = stamped_path(log)  # the launcher's stamped steps (bench.launch): no console parsing
+        if launched.is_file():
+            starts = stepfile.run_starts(launched)
+            record, stamped = RunRecord.from_step_file(name, launched, started=starts[0] if starts else None), True
+            record.violations = sum(VIOLATION in line for line in log.read_text(errors="replace").splitlines())
+        else:  # a run directory saved before the launcher kept its steps in a file: its console lines
+            record, stamped = read_log(log, name)
         if not record.steps:
             # verl's console tracker off (trainer.logger without console): the Laminar run's step file beside it
             found = sorted(log.parent.rglob(stepfile.FILE_NAME))

@@ -1,8 +1,10 @@
-"""Pure parsing and summarising of a run's console log (no processes, no Ray: unit-tested on text).
+"""A run's steps and their summary (pure: no processes, no Ray; unit-tested on records).
 
-verl's console tracker prints one line per training step, ``step:N - key:value - key:value ...``, where a
-value may be a numpy repr (``np.float64(2.0)``). The benchmark timestamps every line as it arrives; the time
-between two step lines is the wall time between two weight publications (the paper's step time).
+A ``RunRecord`` holds each step's metrics and the time it arrived (seconds since launch; the time between two steps
+is the wall time between two weight publications, the paper's step time). The runs fill it from structured files:
+verl's file tracker followed by ``bench.launch`` (``report.tracker_file``), or the Laminar trainer's step file
+(``from_step_file``). ``parse_step_line`` reads verl's console lines (``step:N - key:value - ...``, a value maybe a
+numpy repr such as ``np.float64(2.0)``) only for run directories saved before those files existed.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def parse_step_line(line: str) -> Optional[tuple[int, dict[str, float]]]:
 
 @dataclass
 class RunRecord:
-    """What one recipe run left on its console, with arrival times (seconds since launch)."""
+    """What one recipe run trained, step by step, with each step's arrival time (seconds since launch)."""
 
     name: str
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -64,9 +66,20 @@ class RunRecord:
     exit_code: Optional[int] = None
     _open: Optional[tuple[str, str]] = field(default=None, repr=False)  # the last step line: (actor prefix, text)
 
-    def feed(self, line: str, t: float) -> None:
+    def add_step(self, step: int, metrics: dict[str, float], t: float) -> None:
+        """One step from a structured file (verl's file tracker, a step file), ``t`` seconds after the launch."""
+        self.steps.setdefault(step, {}).update(metrics)
+        self.seen_s.setdefault(step, t)
+
+    def note_line(self, line: str) -> None:
+        """A console line of the run, read for one thing only: the ledger's error name (no metric comes from it)."""
         if VIOLATION in line:
             self.violations += 1
+
+    def feed(self, line: str, t: float) -> None:
+        """A console line of a saved log written before the runs kept their steps in a file (the report's fallback
+        for older run directories; the launcher reads the file, ``bench.launch``)."""
+        self.note_line(line)
         parsed = parse_step_line(line)
         if parsed is None and self._open is not None:
             # Ray's log monitor sometimes breaks a long line in two, each part under the actor's prefix: the second
