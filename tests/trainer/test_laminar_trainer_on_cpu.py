@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -194,6 +195,7 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
     from verl_laminar.policy.accounting import Accounting
     from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied, RouterEvents, Started
     from verl_laminar.trainer import laminar_trainer as lt
+    from verl_laminar.trainer.components import NullRunFiles
 
     events = RouterEvents(
         (0.0, 0.0),
@@ -211,7 +213,7 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
 
     monkeypatch.setattr(lt.ray, "get", lambda ref: ref)
     t = lt.LaminarTrainer.__new__(lt.LaminarTrainer)
-    t.router, t.accounting, t._timeline = Router(), Accounting(), None
+    t.router, t.accounting, t._files = Router(), Accounting(), NullRunFiles()
     t._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
     t._fleet = {"adopted": 0, "adopted_tokens": 0}
     t._apply_router_events()
@@ -219,3 +221,64 @@ def test_router_failure_events_count_deaths_parked_adopted_and_later_lost_groups
     ledger = t.accounting.ledger
     assert ledger.in_flight() == ["ga_0", "ga_1"]  # the adopted group goes on; the lost one was discarded
     assert "gb_0" in ledger._discarded
+
+
+class _Actor:
+    """A Ray actor handle whose ``<method>.remote()`` records the call (ray.get is the identity in these tests)."""
+
+    def __init__(self, name, log):
+        self.name, self._log = name, log
+
+    def __getattr__(self, method):
+        return SimpleNamespace(remote=lambda: self._log.append(f"{self.name}.{method}"))
+
+
+class _Part:
+    def __init__(self, name, log, **attrs):
+        self.name, self._log = name, log
+        self.__dict__.update(attrs)
+
+    def stop(self):
+        self._log.append(self.name)
+
+
+def _shutdown_trainer(monkeypatch, log, **parts):
+    from verl_laminar.trainer import laminar_trainer as lt
+
+    monkeypatch.setattr(lt.ray, "get", lambda ref: ref)
+    monkeypatch.setattr(lt.ray, "kill", lambda handle: log.append(f"kill {handle.name}"))
+    t = lt.LaminarTrainer.__new__(lt.LaminarTrainer)
+    t._shut = False
+    t.accounting = SimpleNamespace(ledger=SimpleNamespace(counts=lambda: log.append("ledger") or {"trained": 3}))
+    t.replay_buffer = SimpleNamespace(experience=SimpleNamespace(close=lambda: log.append("buffer")))
+    for name, value in parts.items():
+        setattr(t, name, value)
+    t._components = t._shutdown_stack()
+    return t
+
+
+def test_the_trainer_stops_its_parts_in_the_documented_order_once(monkeypatch, caplog):
+    """What _laminar_shutdown did by hand, in the same order: the replacement loop, the hang watch, the buffer, the
+    run files, the ledger's log line, the router, the relays, a detached fleet, the pool (shut down, then killed)."""
+    log: list = []
+    t = _shutdown_trainer(monkeypatch, log, _replacer=_Part("replacer", log), _hang_watch=_Part("hang watch", log),
+                          _files=_Part("run files", log), _fleet_beat=_Part("fleet", log),
+                          router=_Actor("router", log), relay_group=_Actor("relays", log), pool=_Actor("pool", log))
+    with caplog.at_level("INFO", logger="verl_laminar.trainer.laminar_trainer"):
+        t._laminar_shutdown()
+        t._laminar_shutdown()  # verl's on_train_end after an end at the last step: nothing stops twice
+    assert log == ["replacer", "hang watch", "buffer", "run files", "ledger", "router.close", "relays.shutdown",
+                   "fleet", "pool.shutdown", "kill pool"]
+    assert caplog.text.count("laminar: ledger at the end {'trained': 3}") == 1
+
+
+def test_the_trainer_stops_with_every_optional_part_off(monkeypatch):
+    from verl_laminar.trainer import components as parts
+
+    log: list = []
+    t = _shutdown_trainer(monkeypatch, log, _replacer=parts.NullReplacer(), _hang_watch=parts.NullHangWatch(),
+                          _files=parts.NullRunFiles(), _fleet_beat=parts.NullComponent("fleet"),
+                          router=_Actor("router", log), relay_group=_Actor("relays", log), pool=None)
+    t._laminar_shutdown()
+    assert log == ["buffer", "ledger", "router.close", "relays.shutdown"]
+    assert t._components.names == list(reversed(parts.SHUTDOWN_ORDER))

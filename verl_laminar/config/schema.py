@@ -343,7 +343,6 @@ class LaminarConfig(_Section):
     def refresh_settings(self) -> "RefreshSettings":
         """The refresh deadlines' inputs (``policy.timeouts``) from this block (its keys are range-checked here)."""
         from verl_laminar.policy.timeouts import RefreshSettings  # the policy stays free of this package
-
         return RefreshSettings(link_gbps=self.relay.link_gbps, wait_factor=self.refresh.wait_factor,
                                min_wait_s=self.refresh.min_wait_s, retries=self.refresh.retries)
 

@@ -11,6 +11,8 @@ Dataflow (verl's fit/step loop is unchanged; only hooks are overridden):
                twice) -> laminar/* metrics through verl's tracker
             -> the same events, each publication and one step record -> the run's timeline file
                (verl_laminar.timeline, laminar.timeline.path; read by python -m verl_laminar.report)
+    end:    _laminar_shutdown: every subsystem is a component, real or null (trainer.components); they stop in
+            components.SHUTDOWN_ORDER
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
 from verl_laminar import metrics as lm
-from verl_laminar import stepfile
 from verl_laminar import timeline as tl
 from verl_laminar.config import prepare as settings
 from verl_laminar.patches.verl_bugs import apply_verl_bug_patches
 from verl_laminar.policy.accounting import Accounting
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.trainer import bound, procs, relays, until
+from verl_laminar.trainer import components as parts
 from verl_laminar.trainer.events import apply_router_events
 
 logger = logging.getLogger(__name__)
@@ -59,16 +61,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.router = None
         self.relay_group = None
         self._replicas: list = []
-        self._timeline: tl.TimelineWriter | None = None
-        self._steps: stepfile.StepFileWriter | None = None
-        self.pool = None  # the partial-response pool actor (laminar.pool.enabled)
-        self._hang_watch = None  # trainer.hang.HangWatch: kills a replica that holds requests and streams nothing
-        self._replacer = None  # fleet.replacement.ReplacementLoop: a new replica for each dead one
+        self._files: parts.RunFiles | parts.NullRunFiles = parts.NullRunFiles()  # timeline + step file
+        self.pool = None  # the partial-response pool actor (laminar.pool.enabled), passed on as a handle
+        self._hang_watch: parts.Watch = parts.NullHangWatch()  # kills a replica that holds requests, streams nothing
+        self._replacer: parts.Replacer = parts.NullReplacer()  # fleet.replacement.ReplacementLoop: one per dead one
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
         self._ft = {"failures": 0, "moved": 0, "parked": 0, "lost": 0, "continued": 0, "continued_tokens": 0}
         # laminar.fleet.detached: tokens generated while the previous trainer was down, and what was adopted
         self._fleet = {"tokens_while_down": 0, "adopted": 0, "adopted_tokens": 0, "adopted_trained": 0}
-        self._fleet_beat = None  # fleet.outlive.Heartbeat
+        self._fleet_beat: parts.Component = parts.NullComponent("fleet")  # laminar.fleet.detached: parts.FleetBeat
+        self._components = parts.Components()  # every part, once they all exist (on_init_end)
         from verl_laminar.fleet.uids import StableUids
 
         self._uids = StableUids() if self.laminar.fleet.detached else None
@@ -117,7 +119,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             # a predecessor's replicas finish their requests (into the pool), then make room for this run's
             found = outlive.sweep(self.laminar.fleet.drain_timeout_s, self.pool)
             self._fleet["tokens_while_down"] = int(found.get("tokens_while_down", 0))
-            self._fleet_beat = outlive.Heartbeat(outlive.open_manifest(), self.laminar.heartbeat.interval_s)
+            self._fleet_beat = parts.FleetBeat(outlive.Heartbeat(outlive.open_manifest(),
+                                                                 self.laminar.heartbeat.interval_s))
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
         from verl_laminar.rollout.decode_profile import replica_b
@@ -146,13 +149,14 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.trainer.replace import start_replacement
 
         self._killer = ReplicaKiller(replicas)
-        self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, self._killer)
+        self._hang_watch = start_hang_watch(self.laminar, self.router, self.pool, self._killer) or parts.NullHangWatch()
         from verl_laminar.trainer.faults import FaultInjector
 
         self._faults = FaultInjector(self.laminar, self.router, self.pool if streaming else None,
                                      lambda: list(self._replicas), int(self.config.actor_rollout_ref.rollout.n))
         self._replacer = start_replacement(self.laminar, list(self.standalone_server_manager.get_replicas()),
-                                           self.router, self.relay_group, self._on_replica_join, self._killer)
+                                           self.router, self.relay_group, self._on_replica_join,
+                                           self._killer) or parts.NullReplacer()
         default = self.standalone_server_manager.global_load_balancer
         # verl's separate_async and get_client read this attribute; from now on every client sees the router
         self.standalone_server_manager.global_load_balancer = self.router
@@ -225,25 +229,34 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         for result in ray.get(self.actor_rollout_wg.update_weights(global_steps=version, mode=backend)):
             out.update(result or {})
         self.accounting.throughput.publish(version, time.monotonic())
-        if self._timeline is not None:
-            # the publish returned: version ``version`` is on the master relay, replicas may pull it from now
-            self._timeline.write([tl.Publish(version, time.time())])
-            self._timeline.flush()  # a trainer killed right after its publication (fault injection) keeps it
+        # the publish returned: version ``version`` is on the master relay, replicas may pull it from now; flushed:
+        # a trainer killed right after its publication (fault injection) keeps it
+        self._files.write([tl.Publish(version, time.time())], flush=True)
         return out
 
-    def _open_timeline(self, resumed: bool) -> None:
+    def _open_run_files(self, resumed: bool) -> None:
         path = tl.run_path(self.laminar.timeline.path, str(self.config.trainer.default_local_dir))
-        # a resumed run continues the file (its run header marks the restart); a fresh one starts it anew
-        self._timeline = tl.TimelineWriter(path, append=resumed)
-        self._timeline.write([tl.RunStart(time.time(), len(self._replicas))])
-        self._timeline.flush()
-        self._steps = stepfile.StepFileWriter(stepfile.path_beside(path), append=resumed, t=time.time())
+        self._files = parts.RunFiles.open(path, resumed, len(self._replicas))
         logger.info("laminar: timeline in %s (python -m verl_laminar.report reads it), step metrics in %s", path,
-                    self._steps.path)
+                    self._files.steps_path)
+
+    def _shutdown_stack(self) -> parts.Components:
+        """Every part, real or null, in the order _laminar_shutdown stops them backwards (SHUTDOWN_ORDER)."""
+        return parts.shutdown_stack(
+            pool=parts.actor_stop("pool", self.pool, "shutdown", kill=True), fleet=self._fleet_beat,
+            relays=parts.actor_stop("relays", self.relay_group, "shutdown"),
+            router=parts.actor_stop("router", self.router, "close"), ledger=parts.Call("ledger", self._log_ledger),
+            files=self._files, buffer=parts.Call("buffer", self.replay_buffer.experience.close),
+            hang_watch=self._hang_watch, replacer=self._replacer)
+
+    def _log_ledger(self) -> None:
+        logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
+                    self.accounting.ledger.counts())
 
     def on_init_end(self) -> None:
         version = int(self.global_steps)
-        self._open_timeline(resumed=version > 0)
+        self._open_run_files(resumed=version > 0)
+        self._components = self._shutdown_stack()  # every part exists now: the run files are the last
         self._publish(version)
         versions = ray.get(self.router.start.remote(version))
         logger.info("laminar: every replica loaded version %d: %s", version, versions)
@@ -291,7 +304,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
     def _apply_router_events(self) -> dict:
         events = ray.get(self.router.drain_events.remote())  # rollout.events.RouterEvents
-        apply_router_events(events, self.accounting, self._ft, self._fleet, self._timeline)
+        apply_router_events(events, self.accounting, self._ft, self._fleet, self._files.timeline)
         return ray.get(self.router.snapshot.remote())
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -319,17 +332,16 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FLEET_ADOPTED_TOKENS: float(self._fleet["adopted_tokens"]),
                     lm.FLEET_ADOPTED_TRAINED: float(self._fleet["adopted_trained"]),
                     lm.STALENESS_BOUND_WAIT: float(self._bound_wait_s),
-                    lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung) if self._hang_watch else 0),
+                    lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung)),
                     **self._replacement_metrics(),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
         lm.check_names(out)
         metrics.update(out)
-        if self._timeline is not None:
-            self._timeline.write([tl.Step(int(global_steps), time.time(), out[lm.TRAINER_WAIT], out[lm.ROLLOUT_WAIT],
-                                          tuple(sorted(r.staleness for r in trained)))])
-            self._timeline.flush()  # a crashed run keeps every step it finished
-        if self._steps is not None:  # every metric verl logs for this step, whatever trainer.logger holds
-            self._steps.write(int(global_steps), time.time(), metrics)
+        # flushed: a crashed run keeps every step it finished
+        self._files.write([tl.Step(int(global_steps), time.time(), out[lm.TRAINER_WAIT], out[lm.ROLLOUT_WAIT],
+                                   tuple(sorted(r.staleness for r in trained)))], flush=True)
+        # every metric verl logs for this step, whatever trainer.logger holds
+        self._files.write_step(int(global_steps), time.time(), metrics)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,
                     sorted(r.staleness for r in trained), snap_router["versions"],
                     self.replay_buffer.checked_trajectories)
@@ -340,7 +352,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
             self._laminar_shutdown()  # verl's fit returns after the last step without on_train_end
 
     def _replacement_metrics(self) -> dict:
-        records = self._replacer.snapshot() if self._replacer is not None else []
+        records = self._replacer.snapshot()
         joined = [r for r in records if r.joined_s is not None]
         return {lm.FT_REPLACEMENTS: float(len(joined)),
                 lm.FT_REPLACEMENTS_FAILED: float(sum(1 for r in records if r.error is not None)),
@@ -354,34 +366,4 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self._shut:  # an early end (laminar.run_until) runs it from the step, then verl's on_train_end
             return
         self._shut = True
-        if self._replacer is not None:  # no replica joins a fleet that is closing
-            self._replacer.stop()
-            self._replacer = None
-        if self._hang_watch is not None:  # first: replicas stop streaming as the run ends, which is no hang
-            self._hang_watch.stop()
-            self._hang_watch = None
-        self.replay_buffer.experience.close()
-        if self._timeline is not None:
-            self._timeline.close()
-            self._timeline = None
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
-        logger.info("laminar: ledger at the end %s (in flight: prompts still generating when training stopped)",
-                    self.accounting.ledger.counts())
-        if self.router is not None:
-            ray.get(self.router.close.remote())  # no replica may start a load from a relay about to go
-        if self.relay_group is not None:
-            ray.get(self.relay_group.shutdown.remote())
-            self.relay_group = None
-        if self._fleet_beat is not None:  # a clean end: nothing detached stays in the cluster
-            from verl_laminar.fleet import outlive
-
-            self._fleet_beat.stop()
-            self._fleet_beat = None
-            outlive.sweep(0.0, ending=True)
-            outlive.end_manifest()
-        if self.pool is not None:  # after the router: no request is open any more
-            ray.get(self.pool.shutdown.remote())
-            ray.kill(self.pool)
-            self.pool = None
+        self._components.stop_all()  # components.SHUTDOWN_ORDER; a failed stop is raised after the rest
