@@ -11,12 +11,12 @@ start-up of a cluster job, far from this code.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
+
+from verl_laminar.config.sections import LaminarConfigError, Section, build
 
 if TYPE_CHECKING:  # the relay and policy packages stay out of this module's imports (see the module docstring)
     from verl_laminar.policy.timeouts import RefreshSettings
@@ -25,29 +25,8 @@ if TYPE_CHECKING:  # the relay and policy packages stay out of this module's imp
 ROOT = "laminar"
 
 
-class LaminarConfigError(ValueError):
-    """An invalid ``laminar.*`` (or related verl) setting; the message names the key, the value and the fix."""
-
-
-def _fail(key: str, value: Any, requirement: str) -> None:
-    raise LaminarConfigError(f"{key}={value!r}: {requirement}")
-
-
-class _Section:
-    """Base of every section: knows its dotted path and checks ranges after construction."""
-
-    PATH: ClassVar[str] = ROOT
-
-    def _key(self, name: str) -> str:
-        return f"{self.PATH}.{name}"
-
-    def _require(self, name: str, ok: bool, requirement: str) -> None:
-        if not ok:
-            _fail(self._key(name), getattr(self, name), requirement)
-
-
 @dataclass(frozen=True)
-class DispatchConfig(_Section):
+class DispatchConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.dispatch"
     group_size_from_rollout_n: bool = True
     groups_per_batch: Optional[int] = None
@@ -58,7 +37,7 @@ class DispatchConfig(_Section):
 
 
 @dataclass(frozen=True)
-class RefreshConfig(_Section):
+class RefreshConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.refresh"
     policy: Literal["on_batch_end"] = "on_batch_end"
     wait_factor: float = 3.0
@@ -78,7 +57,7 @@ class RefreshConfig(_Section):
 
 
 @dataclass(frozen=True)
-class BufferConfig(_Section):
+class BufferConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.buffer"
     max_staleness: Optional[int] = None
 
@@ -91,7 +70,7 @@ class BufferConfig(_Section):
 
 
 @dataclass(frozen=True)
-class RepackConfig(_Section):
+class RepackConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.repack"
     enabled: bool = True
     interval_s: float = 5.0
@@ -109,7 +88,7 @@ class RepackConfig(_Section):
 
 
 @dataclass(frozen=True)
-class RelayConfig(_Section):
+class RelayConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.relay"
     transport: Literal["tcp", "mooncake"] = "tcp"
     protocol: Literal["tcp", "rdma"] = "tcp"
@@ -167,7 +146,7 @@ def _is_token(value: str) -> bool:
 
 
 @dataclass(frozen=True)
-class PoolConfig(_Section):
+class PoolConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.pool"
     enabled: bool = True
     flush_tokens: int = 64
@@ -179,7 +158,7 @@ class PoolConfig(_Section):
 
 
 @dataclass(frozen=True)
-class HeartbeatConfig(_Section):
+class HeartbeatConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.heartbeat"
     interval_s: float = 1.0
     dead_after_s: float = 5.0
@@ -195,7 +174,7 @@ class HeartbeatConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ReplaceConfig(_Section):
+class ReplaceConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.replace"
     enabled: bool = True
     max_replacements: int = 8
@@ -209,7 +188,7 @@ class ReplaceConfig(_Section):
 
 
 @dataclass(frozen=True)
-class FleetConfig(_Section):
+class FleetConfig(Section):
     """Rollouts that outlive the trainer (``docs/fleet_ownership.md``): the replicas and the partial-response pool
     are detached Ray actors, so a killed ``TaskRunner`` leaves their requests in flight running to their end."""
 
@@ -228,7 +207,7 @@ class FleetConfig(_Section):
 
 
 @dataclass(frozen=True)
-class FaultInjectionConfig(_Section):
+class FaultInjectionConfig(Section):
     """Testing only: SIGKILL a rollout replica's processes (replica failover) or the trainer's process (restart
     from verl's checkpoint) mid-run."""
 
@@ -268,7 +247,7 @@ class FaultInjectionConfig(_Section):
 
 
 @dataclass(frozen=True)
-class RunUntilConfig(_Section):
+class RunUntilConfig(Section):
     """End the run once awaited events happened (``policy.until``): ``trainer.total_training_steps`` becomes a
     cap, and either the cap or ``timeout_s`` reached with an event unseen fails the run naming it."""
 
@@ -288,13 +267,13 @@ class RunUntilConfig(_Section):
 
 
 @dataclass(frozen=True)
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.metrics"
     staleness_histogram: bool = True
 
 
 @dataclass(frozen=True)
-class TimelineConfig(_Section):
+class TimelineConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.timeline"
     path: Optional[str] = None
 
@@ -308,13 +287,13 @@ OffPolicyCorrection = Literal["clipped_token_ratio", "verl_rollout_correction"]
 
 
 @dataclass(frozen=True)
-class OffPolicyConfig(_Section):
+class OffPolicyConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.off_policy"
     correction: OffPolicyCorrection = "clipped_token_ratio"
 
 
 @dataclass(frozen=True)
-class LaminarConfig(_Section):
+class LaminarConfig(Section):
     PATH: ClassVar[str] = ROOT
     replicas: Optional[int] = None
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
@@ -343,6 +322,7 @@ class LaminarConfig(_Section):
     def refresh_settings(self) -> "RefreshSettings":
         """The refresh deadlines' inputs (``policy.timeouts``) from this block (its keys are range-checked here)."""
         from verl_laminar.policy.timeouts import RefreshSettings  # the policy stays free of this package
+
         return RefreshSettings(link_gbps=self.relay.link_gbps, wait_factor=self.refresh.wait_factor,
                                min_wait_s=self.refresh.min_wait_s, retries=self.refresh.retries)
 
@@ -353,48 +333,4 @@ class LaminarConfig(_Section):
             return cls()
         if isinstance(node, DictConfig):
             node = OmegaConf.to_container(node, resolve=True)
-        return _build(cls, node, ROOT)
-
-
-def _build(cls: type, node: Any, path: str) -> Any:
-    """Construct dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type."""
-    if not isinstance(node, Mapping):
-        _fail(path, node, "must be a mapping of options (see verl_laminar/config/laminar/enabled.yaml)")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(node) - set(fields))
-    if unknown:
-        bad = ", ".join(f"{path}.{k}" for k in unknown)
-        raise LaminarConfigError(f"unknown key(s) {bad}; valid keys of {path}: {', '.join(fields)}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(hints[name], node[name], f"{path}.{name}") for name in fields if name in node}
-    return cls(**kwargs)
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``hint``; ints are accepted (and converted) where floats are."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, key)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a YAML list
-        if not isinstance(value, (list, tuple)):
-            _fail(key, value, f"must be a list, got {type(value).__name__}")
-        return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is Literal:
-        if value not in args:
-            _fail(key, value, f"must be one of {', '.join(map(repr, args))}")
-        return value
-    # bool is a subclass of int: keep `true` out of numeric fields and 1 out of boolean ones.
-    if hint is bool and isinstance(value, bool):
-        return value
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint is str and isinstance(value, str):
-        return value
-    _fail(key, value, f"must be of type {hint.__name__}, got {type(value).__name__}")
+        return build(cls, node, ROOT)
