@@ -32,7 +32,7 @@ TAIL_PERIOD_S = 0.2  # how late a step may be stamped: small beside a step (tens
 Progress = Callable[[str, str, dict], None]
 
 
-class _Stamper:
+class Stamper:
     """Follows the tracker file in a thread; each new step goes into the record with its arrival time."""
 
     def __init__(self, name: str, tracker: Path, record: RunRecord, out: Path, t0: float, t0_unix: float,
@@ -91,7 +91,7 @@ def run_logged(name: str, cmd: list[str], extra_env: dict[str, str], log_path: P
     timer = threading.Timer(timeout_s, terminate, args=(proc, name))
     timer.start()
     tree = TreeWatch(proc.pid)
-    stamper = _Stamper(name, tracker, record, tracker_file.stamped_path(log_path), t0, t0_unix, progress)
+    stamper = Stamper(name, tracker, record, tracker_file.stamped_path(log_path), t0, t0_unix, progress)
     try:
         with open(log_path, "w") as log:
             for line in proc.stdout:
