@@ -48,7 +48,7 @@ MAX_STEPS = 30
 START_RANGE = (10, 50)
 ADD_RANGE = (2, 9)  # the number added on every line: one digit
 # The limits a recipe on this set needs (data.max_prompt_length, data.max_response_length), measured with Qwen2.5's
-# tokenizer through the chat template (tests/data/test_chain_math_on_cpu.py checks both); see docs/learn_task.md.
+# tokenizer through the chat template (tests/data/test_chain_math_on_cpu.py checks both); see docs/learn.md.
 MAX_PROMPT_TOKENS = 128
 MAX_RESPONSE_TOKENS = 512
 
