@@ -18,7 +18,15 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_laminar.policy.roofline import DEVICES, DeviceSpec, ModelShape
-from verl_laminar.policy.split import Split, SplitError, SplitRequest, Workload, min_trainer_gpus, plan_split
+from verl_laminar.policy.split import (
+    Split,
+    SplitError,
+    SplitRequest,
+    Workload,
+    check_devices,
+    min_trainer_gpus,
+    plan_split,
+)
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # the split is part of the run's record
@@ -90,10 +98,7 @@ def _state_bytes_per_param(cfg: DictConfig) -> float:
     return out
 
 
-def _request(cfg: DictConfig, model: ModelShape, device: DeviceSpec) -> tuple[SplitRequest, int]:
-    tp = int(_get(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1) or 1)
-    replica = tp * int(_get(cfg, f"{ROLLOUT}.data_parallel_size", 1) or 1) * \
-        int(_get(cfg, f"{ROLLOUT}.pipeline_model_parallel_size", 1) or 1)
+def _request(cfg: DictConfig, model: ModelShape, device: DeviceSpec, replica: int) -> SplitRequest:
     n = int(_get(cfg, f"{ROLLOUT}.n", 1))
     sp = int(_get(cfg, f"{ACTOR}.ulysses_sequence_parallel_size", 1) or 1)
     # verl's train step asserts mini_batch x n % data-parallel size == 0 (dp = trainer GPUs / sp), and without
@@ -104,7 +109,7 @@ def _request(cfg: DictConfig, model: ModelShape, device: DeviceSpec) -> tuple[Sp
     floor = min_trainer_gpus(model.params, device.hbm_bytes, state_bytes_per_param=_state_bytes_per_param(cfg))
     r = SplitRequest(nodes=int(cfg.trainer.nnodes), gpus_per_node=int(cfg.trainer.n_gpus_per_node),
                      replica_gpus=replica, trainer_floor=floor, batch_divisors=tuple(divisors), trainer_multiple=sp)
-    return r, tp
+    return r
 
 
 def _workload(cfg: DictConfig) -> Workload:
@@ -129,6 +134,10 @@ def plan_for(cfg: DictConfig, device: Optional[tuple[DeviceSpec, str]] = None) -
 
     if user_split(cfg):
         return None
+    tp = int(_get(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1) or 1)
+    replica = tp * int(_get(cfg, f"{ROLLOUT}.data_parallel_size", 1) or 1) * \
+        int(_get(cfg, f"{ROLLOUT}.pipeline_model_parallel_size", 1) or 1)
+    check_devices(int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node), replica)  # before the model is read
     spec, device_note = device or rollout_device()
     path = str(_get(cfg, "actor_rollout_ref.model.path", ""))
     try:
@@ -136,7 +145,7 @@ def plan_for(cfg: DictConfig, device: Optional[tuple[DeviceSpec, str]] = None) -
     except (ModelSizeError, OSError, KeyError, ValueError) as e:
         raise SplitError(f"actor_rollout_ref.hybrid_engine=True and the model's shape is unknown ({e})",
                          OVERRIDE_HINT) from e
-    r, tp = _request(cfg, model, spec)
+    r = _request(cfg, model, spec, replica)
     split = plan_split(r, model, spec, tp, _workload(cfg))
     return SplitPlan(split, r.nodes * r.gpus_per_node, tp, r.trainer_floor, device_note, source)
 

@@ -196,6 +196,14 @@ def _refusal(r: SplitRequest) -> SplitError:
                       "trainer.* and actor_rollout_ref.rollout.nnodes / n_gpus_per_node)")
 
 
+def check_devices(nodes: int, gpus_per_node: int, replica_gpus: int) -> None:
+    """Refuse the splits no model could fit (too few GPUs, a replica wider than a node or than one node's spare
+    GPUs) before anything is known of the model."""
+    r = SplitRequest(nodes, gpus_per_node, replica_gpus, trainer_floor=1)
+    if not candidates(r):
+        raise _refusal(r)
+
+
 def plan_split(r: SplitRequest, model: ModelShape, device: DeviceSpec, tp: int, w: Workload,
                cost: TrainingCost = TrainingCost()) -> Split:
     """The candidate with the highest estimated pipeline throughput; ties go to more rollout GPUs (generation's
