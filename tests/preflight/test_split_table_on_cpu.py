@@ -109,6 +109,7 @@ def test_preflight_matches_the_committed_split_table(recipe, nodes):
         assert split["source"] == "refused" and split["reason"] == expected, report.table()
         assert rows["laminar.split"].status == FAIL and expected in rows["laminar.split"].value
         assert "hybrid_engine=True under +laminar=enabled" in rows["laminar.config"].detail  # the run stops there
+        assert "see laminar.split" in rows["placement"].detail
         return
     got = (split["trainer_nodes"], split["trainer_gpus_per_node"], split["rollout_nodes"],
            split["rollout_gpus_per_node"], split["replicas"])

@@ -70,7 +70,9 @@ def check_placement(report: Report, cfg: DictConfig, p: Placement) -> None:
              f"{p.rollout_gpus} GPUs" if p.rollout_nodes else f"{p.trainer_gpus} GPUs, rollouts colocated")
     value = f"{where}; {p.replicas} replicas of TP={p.tp}"
     if mode != "sync" and not p.rollout_nodes:
-        report.add("placement", FAIL, value, f"trainer_mode={mode} needs standalone rollout devices: set "
+        why = " (no split of the colocated GPUs fits: see laminar.split)" if mode == "laminar" and \
+            bool(_get(cfg, "actor_rollout_ref.hybrid_engine", True)) else ""
+        report.add("placement", FAIL, value, f"trainer_mode={mode} needs standalone rollout devices{why}: set "
                    "actor_rollout_ref.rollout.nnodes and actor_rollout_ref.rollout.n_gpus_per_node")
     elif per_node % p.tp or p.tp > per_node:
         report.add("placement", FAIL, value, f"actor_rollout_ref.rollout.tensor_model_parallel_size={p.tp} must "
