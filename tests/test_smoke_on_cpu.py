@@ -37,7 +37,7 @@ def test_plan_needs_a_trainer_gpu_and_a_rollout_gpu(tmp_path):
 
 
 def test_bucket_is_below_the_fixtures_largest_tensor(tiny_model_dir, tmp_path):
-    from verl_laminar.preflight.model_sizes import model_sizes
+    from verl_laminar.models.sizes import model_sizes
 
     _, largest = model_sizes(str(tiny_model_dir)).largest("bfloat16")
     cmd, _ = plan(2, 3, 16, tmp_path)

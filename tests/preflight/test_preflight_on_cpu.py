@@ -130,10 +130,18 @@ def test_laminar_sync_step_that_contradicts_the_batch_fails_naming_the_derived_v
     assert "laminar.config" in failed and "set it to 16" in failed["laminar.config"], report.table()
 
 
-def test_hybrid_engine_fails_with_the_fix(recipes):
+def test_hybrid_engine_is_split_or_refused_with_the_reason(recipes):
+    """A colocated recipe under the flag gets a planned split (tests/preflight/test_split_table_on_cpu.py has the
+    table); rollout devices the recipe names are its own split; where no split fits the preflight says why."""
     report = preflight(_with(recipes["math_7b_laminar"], "actor_rollout_ref.hybrid_engine=True"))
+    assert not report.failed and report.facts["split"] == {"source": "recipe"}, report.table()
+    colocated = _with(recipes["math_7b_laminar"], "actor_rollout_ref.hybrid_engine=True",
+                      "actor_rollout_ref.rollout.nnodes=0")
+    report = preflight(colocated)
+    assert not report.failed and report.facts["split"]["source"] == "planned", report.table()
+    report = preflight(_with(colocated, "trainer.nnodes=1", "trainer.n_gpus_per_node=1"))
     failed = _failed(report)
-    assert "laminar.config" in failed and "hybrid_engine=False" in failed["laminar.config"], report.table()
+    assert "laminar.split" in failed and "give the job 2 or more GPUs" in failed["laminar.split"], report.table()
 
 
 def test_weight_transfer_that_does_not_fit_the_rollout_gpu_fails(recipes):

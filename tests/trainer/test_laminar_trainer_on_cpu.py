@@ -72,10 +72,16 @@ def test_verls_default_staleness_threshold_is_the_one_laminar_expects():
     assert OmegaConf.select(yaml, "trainer.v1.sampler.max_off_policy_threshold") == settings.VERL_OFF_POLICY_DEFAULT
 
 
-def test_prepare_config_rejects_hybrid_engine_and_foreign_agent_loops(recipe_cfg):
+def test_prepare_config_splits_or_refuses_hybrid_engine_and_rejects_foreign_agent_loops(recipe_cfg):
+    # hybrid_engine=True beside the recipe's rollout devices: the recipe's split, made standalone
     cfg = recipe_cfg.copy()
     cfg.actor_rollout_ref.hybrid_engine = True
-    with pytest.raises(ValueError, match="hybrid_engine=False"):
+    assert settings.prepare_config(cfg).replicas == 2 and cfg.actor_rollout_ref.hybrid_engine is False
+    # colocated on one GPU: no split fits (config.split plans the others; tests/config/test_split_on_cpu.py)
+    cfg = recipe_cfg.copy()
+    cfg.actor_rollout_ref.hybrid_engine = True
+    cfg.actor_rollout_ref.rollout.nnodes = 0
+    with pytest.raises(ValueError, match=r"no trainer/rollout split of the 1 x 1 GPUs fits: 1 GPU"):
         settings.prepare_config(cfg)
     cfg = recipe_cfg.copy()
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "my.Manager", force_add=True)

@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl_laminar.config.split import apply_split, rollout_device
+
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # start-up decisions belong in the run's record
 
@@ -61,12 +63,12 @@ def prepare_config(config: DictConfig) -> Any:
     from verl_laminar.config import validate_and_migrate
     from verl_laminar.data.validate import check_data_files
 
+    # Laminar's rollouts are standalone replicas that never pause for training: a colocated recipe's GPUs are
+    # split into trainer and rollout devices (config.split; a split the user gave wins) before the replica count
+    # is derived from the rollout devices
+    apply_split(config)
     lam = validate_and_migrate(config)
     check_data_files(config)
-    if bool(OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True)):
-        raise ValueError("actor_rollout_ref.hybrid_engine=True: Laminar's rollouts are standalone replicas that "
-                         "never pause for training; set actor_rollout_ref.hybrid_engine=False and give them "
-                         "devices with actor_rollout_ref.rollout.nnodes / n_gpus_per_node")
     with open_dict(config):
         for key, value in RUNTIME_DEFAULTS.items():
             if OmegaConf.select(config, key, default=None) is None:
@@ -138,25 +140,16 @@ def default_max_batch(measure_cpu: Optional[Callable[[], int]] = None) -> int:
     """B for the rollout hardware when laminar.repack.max_batch_b is null: on the CPU platform what
     ``measure_cpu`` measures on a replica (``rollout.decode_profile``), on a GPU the roofline ridge of the device."""
     from verl_laminar.platform.cpu import cpu_platform_requested
-    from verl_laminar.policy.roofline import DEVICES
 
     if cpu_platform_requested():
         if measure_cpu is None:
             raise ValueError("laminar.repack.max_batch_b is null on the CPU platform and no replica is there to "
                              "measure B on; set laminar.repack.max_batch_b")
         return measure_cpu()
-    name = ""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            name = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - no device visible to the driver: fall back below
-        pass
-    spec = next((d for key, d in DEVICES.items() if key in name), DEVICES["H100"])
-    if not name or spec.name not in name:
-        logger.warning("laminar.repack: rollout GPU %r not in the roofline table %s; B from the %s datasheet "
-                       "(set laminar.repack.max_batch_b to override)", name or "unknown", sorted(DEVICES), spec.name)
+    spec, note = rollout_device()
+    if note != spec.name:
+        logger.warning("laminar.repack: rollout GPU %s; B from its datasheet (set laminar.repack.max_batch_b to "
+                       "override)", note)
     # the arithmetic-intensity ridge of a bf16 decode step (policy.roofline.compute_bound_batch, no context)
     return max(1, int(spec.peak_flops * 2 / (2 * spec.hbm_bandwidth)))
 

@@ -18,12 +18,12 @@ import logging
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_laminar.preflight.fleet import check_fleet
+from verl_laminar.preflight.placement import Placement, check_placement, check_split, placement  # noqa: F401
 from verl_laminar.preflight.report import (  # noqa: F401  (re-exported: callers import them from checks)
     BUCKET_KEY,
     CUDA_RESERVE_BYTES,
@@ -44,63 +44,10 @@ from verl_laminar.preflight.report import (  # noqa: F401  (re-exported: callers
 logger = logging.getLogger(__name__)
 
 
-# ---- placement ----
-@dataclass(frozen=True)
-class Placement:
-    trainer_nodes: int
-    trainer_gpus: int
-    rollout_nodes: int  # 0: rollouts colocated with the trainer (sync, hybrid engine)
-    rollout_gpus: int
-    tp: int
-    replicas: int
-    relays: int  # one per rollout node plus the master on trainer rank 0's node
-    single_host: bool
-
-
-def placement(cfg: DictConfig, single_host: bool = False) -> Placement:
-    tn, tg = int(_get(cfg, "trainer.nnodes", 1)), int(_get(cfg, "trainer.n_gpus_per_node", 1))
-    rollout = "actor_rollout_ref.rollout"
-    rn = int(_get(cfg, f"{rollout}.nnodes", 0) or 0)
-    rg = int(_get(cfg, f"{rollout}.n_gpus_per_node", 0) or 0) if rn else 0
-    tp = int(_get(cfg, f"{rollout}.tensor_model_parallel_size", 1) or 1)
-    dp = int(_get(cfg, f"{rollout}.data_parallel_size", 1) or 1)
-    pp = int(_get(cfg, f"{rollout}.pipeline_model_parallel_size", 1) or 1)
-    gpus = rn * rg if rn else tn * tg
-    replicas = gpus // (tp * dp * pp) if tp * dp * pp else 0
-    relays = 1 if single_host else rn + 1
-    return Placement(tn, tn * tg, rn, rn * rg, tp, replicas, relays, single_host)
-
-
-def check_placement(report: Report, cfg: DictConfig, p: Placement) -> None:
-    mode = trainer_mode(cfg)
-    per_node = int(_get(cfg, "actor_rollout_ref.rollout.n_gpus_per_node", 0) or 0) if p.rollout_nodes else \
-        int(_get(cfg, "trainer.n_gpus_per_node", 1))
-    where = (f"trainer {p.trainer_nodes} node(s) / {p.trainer_gpus} GPUs; rollouts {p.rollout_nodes} node(s) / "
-             f"{p.rollout_gpus} GPUs" if p.rollout_nodes else f"{p.trainer_gpus} GPUs, rollouts colocated")
-    value = f"{where}; {p.replicas} replicas of TP={p.tp}"
-    if mode != "sync" and not p.rollout_nodes:
-        report.add("placement", FAIL, value, f"trainer_mode={mode} needs standalone rollout devices: set "
-                   "actor_rollout_ref.rollout.nnodes and actor_rollout_ref.rollout.n_gpus_per_node")
-    elif per_node % p.tp or p.tp > per_node:
-        report.add("placement", FAIL, value, f"actor_rollout_ref.rollout.tensor_model_parallel_size={p.tp} must "
-                   f"divide the {per_node} GPUs per rollout node (a replica's TP group stays on one machine)")
-    elif p.replicas < 1:
-        report.add("placement", FAIL, value, "no rollout replica fits the rollout GPUs; lower "
-                   "tensor_model_parallel_size or give the rollouts more GPUs")
-    else:
-        lam_replicas = _get(cfg, "laminar.replicas") if mode == "laminar" else None
-        if lam_replicas is not None and int(lam_replicas) != p.replicas:
-            report.add("placement", FAIL, value, f"laminar.replicas={lam_replicas} but the rollout GPUs hold "
-                       f"{p.replicas}; remove laminar.replicas (it is derived) or change the rollout placement")
-        else:
-            report.add("placement", OK, value)
-    report.facts["placement"] = asdict(p)
-
-
 # ---- weights ----
 def check_weights(report: Report, cfg: DictConfig, opts: Options, ipc: bool) -> Optional[int]:
     """Version size and the bucket rule; returns the version's bytes (None when the sizes are unknown)."""
-    from verl_laminar.preflight.model_sizes import ModelSizeError, model_sizes
+    from verl_laminar.models.sizes import ModelSizeError, model_sizes
 
     path = str(_get(cfg, "actor_rollout_ref.model.path", ""))
     dtype = str(_get(cfg, "actor_rollout_ref.rollout.dtype", "bfloat16"))
@@ -350,14 +297,15 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
         from verl_laminar.config import prepare as settings
 
         prepared = copy.deepcopy(cfg)
+        check_split(report, cfg)  # the trainer/rollout split of a colocated recipe, and why
         with _row(report, "laminar.config"):
             lam = settings.prepare_config(prepared)
             report.facts["parameter_sync_step"] = int(_get(prepared, settings.SYNC_STEP_KEY))
     if opts.construct_trainer:
         with _row(report, "trainer.construct", f"{mode} trainer constructed (verl's and Laminar's asserts)"):
             construct_trainer(cfg)
-    p = placement(cfg, single_host=cpu_job)
-    check_placement(report, cfg, p)
+    p = placement(prepared, single_host=cpu_job)  # after the split: the devices the run will have
+    check_placement(report, prepared, p)
     if lam is not None:
         check_transport(report, lam, node_role(opts, p.single_host))
         check_request_ids(report, prepared, lam)

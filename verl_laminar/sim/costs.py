@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from verl_laminar.policy import chain
+from verl_laminar.policy import chain, split
 from verl_laminar.policy.roofline import DecodeCost, ModelShape, compute_bound_batch, decode_cost, prefill_time
+from verl_laminar.policy.split import TrainingCost
 from verl_laminar.sim.params import SimParams
 
 
@@ -63,30 +64,26 @@ def rollout_costs(model: ModelShape, tp: int, p: SimParams) -> RolloutCosts:
     )
 
 
-def train_seconds(model: ModelShape, tokens: float, trainer_gpus: int, p: SimParams, updates: int = 1) -> float:
-    """``updates`` optimizer updates over ``tokens`` tokens in all.
-
-    Each update is the slower of its compute (6 * params FLOPs per token at the stated MFU) and its
-    FSDP traffic (``fsdp_comm_factor`` x the weights per micro-batch per GPU, over InfiniBand once
-    the trainer spans machines, NVLink within one).
-    """
+def training_cost(p: SimParams) -> TrainingCost:
+    """The simulator's training and network numbers as the split policy's ``TrainingCost`` (one cost model)."""
     t, net = p.training, p.network
-    per_update = tokens / updates
-    compute = t.flops_per_param_token * model.params * per_update / (trainer_gpus * p.device.peak_flops * t.mfu)
-    if trainer_gpus <= 1:
-        return updates * compute
-    bw = net.ib_bandwidth_per_gpu * net.nccl_efficiency if trainer_gpus > net.gpus_per_machine \
-        else p.device.nvlink_bandwidth
-    micro = math.ceil(per_update / trainer_gpus / t.micro_batch_tokens)
-    comm = micro * t.fsdp_comm_factor * model.weight_bytes * (trainer_gpus - 1) / trainer_gpus / bw
-    return updates * max(compute, comm)
+    return TrainingCost(mfu=t.mfu, flops_per_param_token=t.flops_per_param_token,
+                        state_bytes_per_param=t.state_bytes_per_param, state_memory_fraction=t.state_memory_fraction,
+                        fsdp_comm_factor=t.fsdp_comm_factor, micro_batch_tokens=t.micro_batch_tokens,
+                        ib_bandwidth_per_gpu=net.ib_bandwidth_per_gpu, nccl_efficiency=net.nccl_efficiency)
+
+
+def train_seconds(model: ModelShape, tokens: float, trainer_gpus: int, p: SimParams, updates: int = 1) -> float:
+    """``updates`` optimizer updates over ``tokens`` tokens in all (``policy.split.train_seconds``: the slower of
+    compute and FSDP traffic per update), the function the runtime's trainer/rollout split uses."""
+    return split.train_seconds(model, tokens, trainer_gpus, p.device, p.network.gpus_per_machine, training_cost(p),
+                               updates)
 
 
 def min_trainer_gpus(model: ModelShape, p: SimParams) -> int:
     """Whole machines whose memory holds the sharded training state within the allowed fraction."""
-    t, n = p.training, p.network.gpus_per_machine
-    gpus = model.params * t.state_bytes_per_param / (p.device.hbm_bytes * t.state_memory_fraction)
-    return n * math.ceil(gpus / n)
+    n = p.network.gpus_per_machine
+    return n * math.ceil(split.min_trainer_gpus(model.params, p.device.hbm_bytes, training_cost(p)) / n)
 
 
 def publish_stall(model: ModelShape, p: SimParams) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from verl_laminar.policy.roofline import DEVICES, H800, DeviceSpec, Efficiency, ModelShape
+from verl_laminar.policy.split import DECODE_EFFICIENCY as SPLIT_DECODE_EFFICIENCY
 
 # Qwen2.5 config.json on the Hugging Face hub (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, vocab_size; head_dim = hidden / heads = 128) and the model cards' parameter counts.
@@ -74,8 +75,7 @@ class Network:
 # CALIBRATED from the paper: bandwidth, kv_bandwidth and step_overhead_s were chosen so that the paper's
 # Step 1 premise above holds (a small decode batch costs nearly as much per step as a large one), not
 # measured with a kernel benchmark.
-DECODE_EFFICIENCY = Efficiency(bandwidth=0.8, compute=0.6, step_overhead_s=2e-3, allreduce_latency_s=8e-6,
-                               kv_bandwidth=0.8, seq_overhead_s=0.0)
+DECODE_EFFICIENCY = SPLIT_DECODE_EFFICIENCY  # policy.split prices the runtime's split with the same value
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Sources, best first:
 * a local checkpoint directory with ``*.safetensors``: the shapes in each file's header (exact, any architecture);
-* a ``config.json`` (local directory, or one shipped in ``models/`` for the paper's Qwen2.5 7B/32B/72B, so a
+* a ``config.json`` (local directory, or one shipped in ``configs/`` for the paper's Qwen2.5 7B/32B/72B, so a
   cluster's recipes can be checked on a laptop without the hub): the parameter shapes of a Llama/Qwen2-style
   decoder (embedding, attention with grouped KV heads, gated MLP, RMS norms, untied LM head).
 """
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-SHIPPED = Path(__file__).with_name("models")
+from verl_laminar.policy.roofline import ModelShape
+
+SHIPPED = Path(__file__).with_name("configs")
 # Llama-shaped decoders whose parameter list the config formula below reproduces.
 DECODER_TYPES = ("qwen2", "llama", "mistral")
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -142,3 +144,32 @@ def model_sizes(model_path: str, model_config: Optional[str] = None) -> ModelSiz
     raise ModelSizeError(
         f"actor_rollout_ref.model.path={model_path!r} is neither a local checkpoint nor a model whose config is "
         f"shipped ({sorted(p.stem for p in SHIPPED.glob('*.json'))}); pass --model-config <its config.json>")
+
+
+def config_values(model_path: str, model_config: Optional[str] = None) -> tuple[str, dict]:
+    """The ``config.json`` values of the model (``model_config``, a local checkpoint's, or a shipped one) and where
+    they came from."""
+    if model_config:
+        return model_config, json.loads(Path(model_config).read_text())
+    local = Path(os.path.expanduser(model_path)) / "config.json"
+    if local.is_file():
+        return str(local), json.loads(local.read_text())
+    shipped = shipped_config(model_path)
+    if shipped is not None:
+        return f"shipped config.json of {shipped.stem}", json.loads(shipped.read_text())
+    raise ModelSizeError(
+        f"actor_rollout_ref.model.path={model_path!r} has no local config.json and no shipped one "
+        f"({sorted(p.stem for p in SHIPPED.glob('*.json'))}): the trainer/rollout split needs the model's shape")
+
+
+def model_shape(model_path: str, model_config: Optional[str] = None) -> tuple[str, ModelShape]:
+    """The decode-cost shape of the model (``policy.roofline.ModelShape``) and where it came from; the parameter
+    count is that of the checkpoint's tensors when they are local, else the config formula's."""
+    source, cfg = config_values(model_path, model_config)
+    h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    params = model_sizes(model_path, model_config).parameters
+    shape = ModelShape(os.path.basename(str(model_path).rstrip("/")) or "model", params=float(params),
+                       layers=int(cfg["num_hidden_layers"]), hidden=h, heads=heads,
+                       kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                       head_dim=int(cfg.get("head_dim") or h // heads), vocab=int(cfg["vocab_size"]))
+    return source, shape
