@@ -6,15 +6,14 @@ warm); the checks of its report are also tested on made-up reports, so a wrong p
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from verl_laminar.platform.gpu_install import (STACK, ResolveError, check, plugin_imports, resolve, resolved,
-                                               verl_pins)
+from verl_laminar.platform.gpu_install import STACK, ResolveError, check, plugin_imports, resolve, resolved, verl_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
