@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_laminar.patches.vllm_api import LEDGER, METRICS, SUPPORTED_VLLM, VllmApi
+from verl_laminar.patches.vllm_api import LEDGER, STRINGS, SUPPORTED_VLLM, VllmApi
 from verl_laminar.patches.vllm_contract import check_installed, check_sources, installed_root
 from verl_laminar.patches.vllm_sources import VllmSourcesError, vllm_sources
 
@@ -64,6 +64,7 @@ def _copy_with(tmp_path: Path, src_root: Path, module: str, old: str, new: str) 
     ("vllm.v1.engine.async_llm", "internal: bool", "is_internal: bool", "'internal'"),
     ("vllm.v1.metrics.loggers", '"vllm:kv_cache_usage_perc"', '"vllm:kv_cache_usage"', "kv_cache_usage_perc"),
     ("vllm.v1.metrics.stats", "num_running_reqs:", "running_reqs:", "num_running_reqs"),
+    ("vllm.envs", '"VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"', '"VLLM_NO_REQUEST_ID_SUFFIX"', "environment variable"),
 ])
 def test_a_renamed_api_fails_the_static_check(tmp_path, gpu_vllm_sources, module, old, new, expect):
     root = _copy_with(tmp_path, gpu_vllm_sources, module, old, new)
@@ -83,7 +84,7 @@ def test_a_renamed_api_fails_the_installed_check(monkeypatch):
 def test_a_changed_signature_fails_the_installed_check():
     api = VllmApi("vllm.v1.engine.async_llm:AsyncLLM.abort", "test", "a parameter vLLM does not have",
                   ("request_id", "no_such_parameter"))
-    problems = check_installed("0.31.0", ledger=[api], metrics=[])
+    problems = check_installed("0.31.0", ledger=[api], strings=[])
     assert len(problems) == 1 and "no_such_parameter" in problems[0]
 
 
@@ -112,4 +113,4 @@ def test_ledger_rows_are_unique_and_explained():
     refs = [api.ref for api in LEDGER]
     assert len(refs) == len(set(refs))
     assert all(api.why and api.used_by.startswith("verl_laminar") for api in LEDGER)
-    assert len({m.name for m in METRICS}) == len(METRICS)
+    assert len({m.name for m in STRINGS}) == len(STRINGS)

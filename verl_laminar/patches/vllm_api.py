@@ -44,12 +44,14 @@ class VllmApi:
 
 
 @dataclass(frozen=True)
-class VllmMetric:
-    """A Prometheus name the repack monitor reads from a server's ``/metrics``, and the module that defines it."""
+class VllmString:
+    """A name vLLM spells as a string literal in ``module``: a Prometheus name the repack monitor reads from a
+    server's ``/metrics``, or an environment variable Laminar sets for vLLM."""
 
     name: str
     module: str = "vllm.v1.metrics.loggers"
     used_by: str = "verl_laminar.rollout.vllm_metrics"
+    what: str = "/metrics name"
 
 
 ENGINE = "vllm.v1.engine.async_llm:AsyncLLM"
@@ -86,6 +88,8 @@ LEDGER: tuple[VllmApi, ...] = (
     VllmApi(f"{ENGINE}.vllm_config", REPLICA, "the KV-cache size of a replica"),
     VllmApi(f"{OUTPUTS}.abort_requests", ADAPTER, "whether it takes `internal` picks the abort path",
             ("request_ids",)),
+    VllmApi("vllm.v1.engine.input_processor:InputProcessor.assign_request_id", "verl_laminar.preflight.checks",
+            "suffixes request ids unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set", ("request",)),
     VllmApi(f"{OUTPUTS}.request_states", SERVER, "unfinished requests of a detached replica, by vLLM request id"),
     VllmApi("vllm.engine.arg_utils:AsyncEngineArgs", REPLICA, "the replica's engine arguments"),
     *(VllmApi(f"vllm.engine.arg_utils:AsyncEngineArgs.{field}", REPLICA, "an engine argument we set")
@@ -113,9 +117,12 @@ LEDGER: tuple[VllmApi, ...] = (
     VllmApi("vllm.v1.worker.gpu_worker:Worker.model_runner", RELAY_EXT, "the worker extension's model runner"),
 )
 
-METRICS: tuple[VllmMetric, ...] = (
-    VllmMetric("vllm:kv_cache_usage_perc"),
-    VllmMetric("vllm:num_requests_running"),
-    VllmMetric("vllm:num_requests_waiting"),
-    VllmMetric("vllm:cache_config_info"),
+STRINGS: tuple[VllmString, ...] = (
+    VllmString("vllm:kv_cache_usage_perc"),
+    VllmString("vllm:num_requests_running"),
+    VllmString("vllm:num_requests_waiting"),
+    VllmString("vllm:cache_config_info"),
+    # request ids: aborts find a request by the id Laminar gave it only with vLLM's id suffix off
+    VllmString("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "vllm.envs", "verl_laminar.config (laminar/enabled.yaml)",
+               "environment variable"),
 )

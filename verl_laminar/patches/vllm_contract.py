@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Iterable, Optional
 
-from verl_laminar.patches.vllm_api import LEDGER, METRICS, VllmApi, VllmMetric
+from verl_laminar.patches.vllm_api import LEDGER, STRINGS, VllmApi, VllmString
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def _missing_params(api: VllmApi, have: Optional[list[str]]) -> str:
 
 
 def check_sources(root: Path, version: str, ledger: Iterable[VllmApi] = LEDGER,
-                  metrics: Iterable[VllmMetric] = METRICS) -> list[str]:
+                  strings: Iterable[VllmString] = STRINGS) -> list[str]:
     """Problems of the ledger against the vLLM sources under ``root`` (``root/vllm/...``), read statically."""
     tree = SourceTree(root)
     problems = []
@@ -166,10 +166,9 @@ def check_sources(root: Path, version: str, ledger: Iterable[VllmApi] = LEDGER,
         bad = _missing_params(api, _ast_params(node))
         if bad:
             problems.append(f"vLLM {version}: {bad} (used by {api.used_by})")
-    for metric in metrics:
-        if not tree.has_string(metric.module, metric.name):
-            problems.append(f"vLLM {version}: /metrics name {metric.name!r} is not in {metric.module} "
-                            f"(read by {metric.used_by})")
+    for text in strings:
+        if not tree.has_string(text.module, text.name):
+            problems.append(f"vLLM {version}: {text.what} {text.name!r} is not in {text.module} (used by {text.used_by})")
     return problems
 
 
@@ -182,7 +181,7 @@ def installed_root() -> Optional[Path]:
 
 
 def check_installed(version: str, ledger: Iterable[VllmApi] = LEDGER,
-                    metrics: Iterable[VllmMetric] = METRICS) -> list[str]:
+                    strings: Iterable[VllmString] = STRINGS) -> list[str]:
     """Problems of the ledger against the installed vLLM, by import and ``inspect``."""
     root = installed_root()
     if root is None:
@@ -215,8 +214,8 @@ def check_installed(version: str, ledger: Iterable[VllmApi] = LEDGER,
         bad = _missing_params(api, have)
         if bad:
             problems.append(f"vLLM {version}: {bad} (used by {api.used_by})")
-    for metric in metrics:
-        if not tree.has_string(metric.module, metric.name):
-            problems.append(f"vLLM {version}: /metrics name {metric.name!r} is not in the installed "
-                            f"{metric.module} (read by {metric.used_by})")
+    for text in strings:
+        if not tree.has_string(text.module, text.name):
+            problems.append(f"vLLM {version}: {text.what} {text.name!r} is not in the installed {text.module} "
+                            f"(used by {text.used_by})")
     return problems
