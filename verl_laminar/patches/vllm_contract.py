@@ -198,7 +198,7 @@ def check_installed(version: str, ledger: Iterable[VllmApi] = LEDGER,
             if hasattr(obj, name):
                 obj = getattr(obj, name)
                 continue
-            if i and inspect.isclass(obj) and tree.resolve(api)[0] is not None:
+            if i and inspect.isclass(obj) and not isinstance(tree.resolve(api)[0], (type(None), *_DEFS)):
                 obj = None  # set on instances only (self.name = ...): found in the installed sources
             else:
                 problems.append(f"vLLM {version}: {api.ref} (used by {api.used_by}): no {name} in "
