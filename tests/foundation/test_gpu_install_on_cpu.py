@@ -77,3 +77,13 @@ def test_gpu_install_resolves_with_python_3_12_keeping_verls_stack():
     assert {n: have.get(n) for n in STACK} == {"torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0",
                                               "flash-attn": "2.8.3"}
     assert check(report, plugin_imports(ROOT / "verl_laminar")) == []
+
+
+def test_a_project_that_refuses_python_3_12_fails_the_resolve(tmp_path):
+    """What this project's pyproject said before (requires-python <3.12): pip refuses it in verl's images."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "old-laminar"\nversion = "0.1.0"\nrequires-python = ">=3.11,<3.12"\n'
+        '[project.optional-dependencies]\ngpu = []\n[tool.setuptools]\npy-modules = []\n')
+    with pytest.raises(ResolveError, match="requires a different Python"):
+        resolve(tmp_path, requirements=())

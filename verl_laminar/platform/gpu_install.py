@@ -82,7 +82,10 @@ def _run(cmd: list[str], timeout: float, what: str) -> subprocess.CompletedProce
     except subprocess.TimeoutExpired as e:
         raise ResolveError(f"{what} took over {timeout:.0f} s (is the package registry reachable?)") from e
     if proc.returncode != 0:
-        raise ResolveError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        # pip's ERROR lines say why (ResolutionImpossible, a refused Python); its warnings would crowd them out
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+        raise ResolveError(f"{what} failed (exit {proc.returncode}): "
+                           f"{' '.join(errors) if errors else proc.stderr.strip()[-1500:]}")
     return proc
 
 
