@@ -17,7 +17,7 @@ import pytest
 
 from verl_laminar.patches.vllm_api import LEDGER, STRINGS, SUPPORTED_VLLM, VllmApi
 from verl_laminar.patches.vllm_contract import check_installed, check_sources, installed_root
-from verl_laminar.patches.vllm_sources import VllmSourcesError, vllm_sources
+from verl_laminar.platform.vllm_sources import VllmSourcesError, vllm_sources
 
 PACKAGE = Path(__file__).resolve().parents[2] / "verl_laminar"
 

