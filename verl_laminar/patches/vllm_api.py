@@ -71,7 +71,17 @@ LEDGER: tuple[VllmApi, ...] = (
     VllmApi(f"{PARAMS}:SamplingParams.output_kind", SERVER, "DELTA vs cumulative outputs when streaming"),
     VllmApi(f"{PARAMS}:SamplingParams.logprobs", REPLICA, "rollout log-probs kept by the pool"),
     VllmApi(f"{PARAMS}:SamplingParams.detokenize", REPLICA, "token ids only"),
+    VllmApi(f"{PARAMS}:SamplingParams.structured_outputs", "verl_laminar.rollout.guided_tool_agent_loop",
+            "the key the guided first turn sets (policy.migration refuses to resume such a request elsewhere)"),
+    *(VllmApi(f"{PARAMS}:SamplingParams.{field}", SERVER, "logged with each pool entry; a resume sets them again")
+      for field in ("max_tokens", "temperature", "top_p", "top_k", "seed")),
     VllmApi(f"{PARAMS}:RequestOutputKind.DELTA", REPLICA, "streams only the new tokens"),
+    # what a generate stream yields: the streaming server and the replica read these
+    VllmApi("vllm.outputs:RequestOutput.outputs", SERVER, "the completion of each streamed output"),
+    VllmApi("vllm.outputs:RequestOutput.finished", REPLICA, "the engine ended the request"),
+    *(VllmApi(f"vllm.outputs:CompletionOutput.{field}", SERVER, "tokens, log-probs and why a response ended")
+      for field in ("token_ids", "logprobs", "finish_reason")),
+    VllmApi("vllm.logprobs:Logprob.logprob", SERVER, "a sampled token's log-prob"),
     VllmApi(f"{PARAMS}:StructuredOutputsParams.regex", "verl_laminar.rollout.guided_tool_agent_loop",
             "the toy tool task's guided first turn"),
     # the engine verl's server holds: generate, abort, weight loads
