@@ -19,6 +19,7 @@ import sys
 from typing import Optional
 
 from verl_laminar.preflight.checks import FAIL, OK, WARN, Options, Report, Row, run_checks
+from verl_laminar.preflight.gpu_stack import check_gpu_stack
 
 logger = logging.getLogger("verl_laminar.preflight")
 
@@ -104,7 +105,14 @@ def preflight(overrides: list[str], opts: Optional[Options] = None) -> Report:
         report.add("config.compose", FAIL, type(e).__name__, str(e).strip().splitlines()[0])
         return report
     opts = opts or Options()
-    report = run_checks(cfg, opts, platform=lambda r, c: platform_row(r, c, opts.target))
+    cpu = {"job": False}
+
+    def platform(r: Report, c) -> bool:
+        cpu["job"] = platform_row(r, c, opts.target)
+        return cpu["job"]
+
+    report = run_checks(cfg, opts, platform=platform)
+    check_gpu_stack(report, cfg, cpu_job=cpu["job"])  # the host's facts: kept out of the start-time checks
     report.rows.insert(0, Row("config.compose", OK, f"{len(overrides)} overrides composed"))
     return report
 

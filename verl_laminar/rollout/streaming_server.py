@@ -24,10 +24,10 @@ tag (verl's own, or Laminar's with the pool off) stream nothing.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any, Callable, Optional
 
+from verl_laminar.platform.vllm_adapter import abort_takes_internal
 from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import NO_LOGPROB, PoolStreamer
 
@@ -136,11 +136,6 @@ def corrupted(output: Any) -> Any:
     """verl's answer with every token id moved outside any vocabulary (fault injection only)."""
     output.token_ids = [GARBAGE_ID_OFFSET + int(t) for t in output.token_ids]
     return output
-
-
-def abort_takes_internal(output_processor: Any) -> bool:
-    """Whether this vLLM's ``OutputProcessor.abort_requests`` takes ``internal`` (verl 0.9.1 calls it without)."""
-    return "internal" in inspect.signature(output_processor.abort_requests).parameters
 
 
 def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optional[str] = None) -> type:
