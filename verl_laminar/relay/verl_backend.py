@@ -16,7 +16,9 @@ Lifecycle (verl's ``CheckpointEngineManager.update_weights``, every sync): ``pre
 rollout worker -> ``build_topology`` / ``init_process_group`` (nothing to do for relays) -> ``send_weights``
 on the actor ranks while the rollout workers ``receive_weights`` -> ``finalize``. The master's ``prepare``
 maps the publish buffer, so even the first publish copies straight into it when its size is known
-(``expected_bytes``, or ``warm(nbytes)``); later ones reuse the size of the one before.
+(``expected_bytes``, or ``warm(nbytes)``); later ones reuse the size of the one before. ``send_weights`` makes
+the same call itself, because LaminarTrainer publishes through the actor's ``update_weights``, which skips the
+manager; ``cold_publishes`` (metric ``laminar/relay/cold_publishes``) counts publishes that were not warm.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         self._publisher: Optional[Publisher] = None
         self._last_version = -1
         self._last_nbytes = 0  # size of the last publish: the next one's buffer
+        self.cold_publishes = 0  # publishes gathered in a private host copy first (0 when every one was warm)
         self.served_version: Optional[int] = None  # the version the last receive/get returned
 
     # ---- verl's topology protocol: relays need no process group ----
@@ -247,6 +250,9 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         if version <= self._last_version:
             raise ValueError(f"version {version} is not newer than the last published {self._last_version}; "
                              "pass the trainer's global step")
+        # verl's actor ``update_weights`` (the call LaminarTrainer._publish makes) goes straight here without the
+        # manager's ``prepare``: warm here too, or version 0 would be gathered in rank 0's private memory
+        self._warm_next()
         try:
             publisher = self._get_publisher()
         except RelayGoneError as e:
@@ -259,7 +265,13 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         except (RelayGoneError, TimeoutError) as e:  # a hung relay times out; the group's check tells if it died
             stall = writer.publish(version, publisher=self._master_failover(e))
         self._last_version, self._last_nbytes = version, writer.nbytes
-        return {"laminar/relay/publish_s": stall, "laminar/relay/version": version}
+        if writer.cold:
+            self.cold_publishes += 1
+            logger.warning("version %d was gathered in host memory before its publish (%d bytes, no prepared buffer "
+                           "of that size: expected_bytes=%d); later publishes reuse its size", version, writer.nbytes,
+                           self.expected_bytes)
+        return {"laminar/relay/publish_s": stall, "laminar/relay/version": version,
+                "laminar/relay/cold_publishes": self.cold_publishes}
 
     # ---- rollout side ----
     def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
