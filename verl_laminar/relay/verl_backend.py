@@ -5,7 +5,8 @@ Dataflow:
                     (on this machine) -> returns; the chain broadcast runs in the background
     other ranks:    iterate the generator (FSDP gathers are collective) and drop the tensors
     rollout worker: receive_weights / get_weights -> this machine's relay (mmap, zero copy) or,
-                    when it is gone, a pull from its upstream neighbour -> verl's BucketedWeightSender
+                    when it is gone, its upstream neighbour's copy, pulled once per machine into shared
+                    memory (``node_pull``) -> verl's BucketedWeightSender
 Select with ``actor_rollout_ref.rollout.checkpoint_engine.backend=laminar`` and
 ``...checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend``; options go in
 ``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``, ``dtype``,
@@ -33,9 +34,9 @@ from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngi
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_laminar.policy.timeouts import arrival_mark
-from verl_laminar.relay.client import pull
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
+from verl_laminar.relay.node_pull import pull_shared, shared_pull_root
 from verl_laminar.relay.publish import Publisher, RayHandle, RelayGoneError
 from verl_laminar.relay.store import StoreReader, VersionGoneError
 from verl_laminar.relay.tensors import VersionWriter, read_tensors, resolve_dtype
@@ -288,8 +289,9 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             return StoreReader(os.path.dirname(desc["path"])).open(desc["version"])
         except RayActorError:
             src, addr = self._call(self._group().fallback_for.remote(rid))
-            m, view = pull(tuple(addr), version, timeout_s=self.timeout_s)
-            logger.warning("relay %s unreachable; version %d pulled from its upstream %s", rid, m.version, src)
+            # one copy per machine in shared memory, pulled by the first of its workers, not one per worker
+            m, view = pull_shared(tuple(addr), version, shared_pull_root(rid), timeout_s=self.timeout_s)
+            logger.warning("relay %s unreachable; version %d read from its upstream %s", rid, m.version, src)
             return m, view
         except ray.exceptions.RayTaskError as e:
             raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e
