@@ -78,6 +78,7 @@ class PartialPool:
         self._fd: Optional[int] = None
         self.recovered = 0
         self.torn_records = 0
+        self.compactions: list[float] = []  # seconds each compaction of the log took (they run inside a close)
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
         # replicas that streamed a token to this process: until its first token a replica's engine may be cold (a
         # replacement's first forward at nice 19), so opening requests alone does not start its heartbeat
@@ -291,6 +292,7 @@ class PartialPool:
         path = path or self._path
         if path is None:
             return
+        started = time.perf_counter()
         tmp = f"{path}.compact"
         with open(tmp, "w") as f:
             for t in self._entries.values():
@@ -314,8 +316,26 @@ class PartialPool:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.compactions.append(time.perf_counter() - started)
+
+    def stats(self) -> dict:
+        """What the pool holds and costs now: open entries, log records since the last compaction, the time its
+        compactions took, its process's resident memory (the benchmark's ``pool_rss_bytes``) and its log's size."""
+        log_bytes = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
+        return {"open_entries": len(self._entries), "records": self._records, "compactions": len(self.compactions),
+                "compaction_s_total": sum(self.compactions), "compaction_s_max": max(self.compactions, default=0.0),
+                "rss_bytes": _rss_bytes(), "log_bytes": log_bytes}
 
     def shutdown(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _rss_bytes() -> int:
+    """This process's resident set (Linux ``/proc``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -33,6 +33,7 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from verl_laminar.metrics import RELAY_COLD_PUBLISHES
 from verl_laminar.policy.timeouts import arrival_mark
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
@@ -272,7 +273,7 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
                            "of that size: expected_bytes=%d); later publishes reuse its size", version, writer.nbytes,
                            self.expected_bytes)
         return {"laminar/relay/publish_s": stall, "laminar/relay/version": version,
-                "laminar/relay/cold_publishes": self.cold_publishes}
+                RELAY_COLD_PUBLISHES: self.cold_publishes}
 
     # ---- rollout side ----
     def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
