@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import heapq
 import json
 import logging
@@ -39,6 +40,8 @@ from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.pool.stream import PoolStreamer
 
 logger = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 300.0
 
 
 class _Tokens:
@@ -163,7 +166,13 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
         ray.get([g.__ray_ready__.remote() for g in gens])
         start_at = time.monotonic() + 1.0
         outs = ray.get([g.run.remote(start_at, duration_s) for g in gens], timeout=duration_s + 600)
-        stats = ray.get(pool.stats.remote())
+        try:  # queued behind every chunk still unapplied: a saturated pool answers late, or not within the bound
+            stats = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("the pool did not answer its stats within %.0f s (still applying queued chunks)",
+                           STATS_TIMEOUT_S)
+            stats = dict.fromkeys(("open_entries", "compaction_s_max", "compaction_s_total", "compactions",
+                                   "rss_bytes", "log_bytes"))
         ray.kill(pool)
     finally:
         if started_ray:
@@ -215,15 +224,18 @@ def main(argv=None) -> int:
         except FileExistsError as e:
             logger.error("pool bench: %s", e)
             return 2
+    # Ray prints its warnings (tasks piling up before a saturated actor) to stdout: keep stdout for the JSON
+    with contextlib.redirect_stdout(sys.stderr):
+        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed)
     result = {**prov, "load": load.to_dict(), "duration_s": a.duration_s, "warmup_s": a.warmup_s,
-              "generators": a.generators, **run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed)}
+              "generators": a.generators, **measured}
     text = json.dumps(result, indent=2)
     if saved is not None:
         saved.write_text(text + "\n")
     if a.json:
         sys.stdout.write(text + "\n")
     else:
-        logger.warning("pool: offered %.0f/s, sustained %.0f/s, delay p99 %s s, %d open entries",
+        logger.warning("pool: offered %.0f/s, sustained %.0f/s, delay p99 %s s, %s open entries",
                        result["offered_appends_per_s"], result["sustained_appends_per_s"], result["delay_p99_s"],
                        result["open_entries"])
     return 0
