@@ -80,12 +80,15 @@ class _TimedStreamer(PoolStreamer):
 class Generator:
     """Plays some replicas of the fleet against the pool (a Ray async actor; its records go back to the driver)."""
 
-    def __init__(self, pool_name: str, load: dict, replica_ids: list[int], seed: int) -> None:
+    def __init__(self, pool_name: str, load: dict, replica_ids: list[int], seed: int, batch_tick_s: float = 0.0
+                 ) -> None:
         import ray
 
         from verl_laminar.pool.partial import ChunkPolicy
 
         self.pool = ray.get_actor(pool_name)
+        self.batch_tick_s = batch_tick_s  # > 0: each replica sends its streams' writes in one call per tick
+        self.batchers: dict[int, Any] = {}
         self.load = Load(**load)
         self.replicas = replica_ids
         self.rng = random.Random(seed)
@@ -97,13 +100,19 @@ class Generator:
     def _record_send(self, ref: Any, sent: float) -> None:
         row = [sent, None]
         self.sends.append(row)
-        ref.future().add_done_callback(lambda _f, row=row: row.__setitem__(1, time.monotonic()))
+        future = ref if isinstance(ref, asyncio.Future) else ref.future()  # batched: the batcher's future
+        future.add_done_callback(lambda _f, row=row: row.__setitem__(1, time.monotonic()))
 
     def _open(self, replica: int, now: float) -> _Sequence:
         key = f"r{replica}-{uuid.uuid4().hex[:12]}"
         self.pool.open.remote(key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
                               replica)
-        streamer = _TimedStreamer(self, self.pool, key, 0, 0, self.policy)
+        batcher = None
+        if self.batch_tick_s > 0:
+            from verl_laminar.pool.batch import PoolBatcher
+
+            batcher = self.batchers.setdefault(replica, PoolBatcher(self.pool, self.batch_tick_s))
+        streamer = _TimedStreamer(self, self.pool, key, 0, 0, self.policy, time.monotonic, batcher)
         # a random phase, so the fleet's chunks are spread over the interval as a running fleet's are
         streamer.last = now - self.rng.random() * self.load.flush_interval_s
         return _Sequence(key, now, self.load.draw_length(self.rng), self.load.tokens_per_s, streamer)
@@ -139,11 +148,12 @@ class Generator:
                 heapq.heappush(heap, (next_due(seq.start, seq.rate, seq.length, seq.streamer.sent,
                                                seq.streamer.last, load), id(seq), seq, replica))
             await asyncio.sleep(max(0.0, min(0.05, (heap[0][0] if heap else end) - time.monotonic())))
-        return {"sends": [tuple(r) for r in self.sends], "end_waits": self.end_waits, "running": len(heap)}
+        return {"sends": [tuple(r) for r in self.sends], "end_waits": self.end_waits, "running": len(heap),
+                "pool_calls": sum(b.calls for b in self.batchers.values())}
 
 
 def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
-        seed: int = 0) -> dict:
+        seed: int = 0, batch_tick_s: float = 0.0) -> dict:
     """One measurement on a local Ray instance; returns the result's keys (without provenance)."""
     import ray
 
@@ -161,7 +171,8 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
         pool = spawn_pool(os.path.join(folder, "pool.log"), name=name)
         ray.get(pool.stats.remote())
         gens = [ray.remote(Generator).options(num_cpus=0).remote(name, load.to_dict(),
-                                                               list(range(g, load.replicas, generators)), seed + g)
+                                                               list(range(g, load.replicas, generators)), seed + g,
+                                                               batch_tick_s)
                 for g in range(generators)]
         ray.get([g.__ray_ready__.remote() for g in gens])
         start_at = time.monotonic() + 1.0
@@ -186,7 +197,8 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                open_entries=stats["open_entries"], compaction_s=stats["compaction_s_max"],
                compaction_s_total=stats["compaction_s_total"], compactions=stats["compactions"],
                pool_rss_bytes=stats["rss_bytes"], log_bytes_at_end=stats["log_bytes"],
-               end_wait_p50_s=percentile(waits, 0.5), end_wait_p99_s=percentile(waits, 0.99), ends_in_window=len(waits))
+               end_wait_p50_s=percentile(waits, 0.5), end_wait_p99_s=percentile(waits, 0.99), ends_in_window=len(waits),
+               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs))
     return out
 
 
@@ -203,6 +215,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--warmup-s", type=float, default=15.0)
     ap.add_argument("--generators", type=int, default=2, help="load-generating actors (they share the machine)")
+    ap.add_argument("--batch-tick-s", type=float, default=0.0,
+                    help="> 0: each replica's chunks go to the pool in one call per tick (pool.batch); 0: one call "
+                         "per chunk, as the rollouts send them today")
     ap.add_argument("--log-dir", default=None, help="where the pool's log goes (default: this node's temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=None, metavar="DIR", help="also write the JSON to DIR/<name>_<date>.json")
@@ -226,7 +241,7 @@ def main(argv=None) -> int:
             return 2
     # Ray prints its warnings (tasks piling up before a saturated actor) to stdout: keep stdout for the JSON
     with contextlib.redirect_stdout(sys.stderr):
-        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed)
+        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed, a.batch_tick_s)
     result = {**prov, "load": load.to_dict(), "duration_s": a.duration_s, "warmup_s": a.warmup_s,
               "generators": a.generators, **measured}
     text = json.dumps(result, indent=2)

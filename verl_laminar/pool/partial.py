@@ -25,6 +25,8 @@ from verl_laminar.policy.accounting import InvariantViolation
 
 logger = logging.getLogger(__name__)
 
+# operations a batch may carry (the writes of the streams; claims and queries stay single calls)
+BATCHABLE = frozenset({"open", "append", "finish", "close", "truncate", "reassign"})
 FINISHED = "engine_finished"  # state key: the engine ended the trajectory; its tokens are the whole response
 
 
@@ -79,6 +81,7 @@ class PartialPool:
         self.recovered = 0
         self.torn_records = 0
         self.compactions: list[float] = []  # seconds each compaction of the log took (they run inside a close)
+        self._batch: Optional[list[bytes]] = None  # records of an ``apply_many`` call, written together at its end
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
         # replicas that streamed a token to this process: until its first token a replica's engine may be cold (a
         # replacement's first forward at nice 19), so opening requests alone does not start its heartbeat
@@ -133,6 +136,29 @@ class PartialPool:
     def close(self, key: str) -> None:
         """The trajectory reached the experience buffer; it leaves the pool."""
         self._apply({"op": "close", "key": key})
+
+    def apply_many(self, ops: list[tuple[str, tuple]]) -> list[Any]:
+        """Several operations (``(name, args)``, e.g. ``("append", (key, version, tokens, logprobs, None, offset))``)
+        in order, their records written with one ``write`` once all are applied: one call and one write for a tick
+        of a rollout process's streams instead of one per chunk (``pool.batch.PoolBatcher``). Returns each one's
+        result, or the error that refused it (an invariant violation refuses that operation only); nothing is
+        acknowledged before the write, so a crash loses only operations no caller was told were applied."""
+        out: list[Any] = []
+        self._batch = []
+        try:
+            for name, args in ops:
+                if name not in BATCHABLE:
+                    out.append(ValueError(f"{name!r} cannot be batched; one of {sorted(BATCHABLE)}"))
+                    continue
+                try:
+                    out.append(getattr(self, name)(*args))
+                except (InvariantViolation, ValueError, KeyError) as e:
+                    out.append(e)
+        finally:
+            lines, self._batch = self._batch, None
+            if lines and self._fd is not None:
+                os.write(self._fd, b"".join(lines))
+        return out
 
     # ---- queries ----
     def get(self, key: str) -> PartialTrajectory:
@@ -263,7 +289,11 @@ class PartialPool:
                 if op == "append" and rec["tokens"]:
                     self._streamed.add(int(rid))
         if not replaying and self._fd is not None:
-            os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+            line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+            if self._batch is not None:
+                self._batch.append(line)
+            else:
+                os.write(self._fd, line)
             if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:
                 self.compact()
 
@@ -311,6 +341,8 @@ class PartialPool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        if self._batch is not None:
+            self._batch.clear()  # a batch's records so far are in the rewritten log already (it is the state)
         self._records = 2 * len(self._entries)
         self._closed.clear()  # closed keys are gone from the log too; keys are unique per run (uid_session)
         if self._fd is not None:
