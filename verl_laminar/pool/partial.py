@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
 from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.pool.logfile import Counted, rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,13 @@ class PartialPool:
         self.torn_records = 0
         self.compactions: list[float] = []  # seconds each compaction of the log took (they run inside a close)
         self._batch: Optional[list[bytes]] = None  # records of an ``apply_many`` call, written together at its end
+        # the log's bytes, each open entry's share of them, and the closed entries' (dead) share: the log is compacted
+        # once it exceeds ``compact_ratio`` times its live bytes, so a rewrite (the live bytes) costs at most
+        # 1 / (ratio - 1) of the dead bytes it drops, whatever the responses' lengths
+        self._log_bytes = self._dead_bytes = 0
+        self._entry_bytes: dict[str, int] = {}
+        self.rewritten_bytes = 0  # what compactions wrote, in all
+        self._written = 0  # what the operations appended, in all
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
         # replicas that streamed a token to this process: until its first token a replica's engine may be cold (a
         # replacement's first forward at nice 19), so opening requests alone does not start its heartbeat
@@ -290,11 +298,20 @@ class PartialPool:
                     self._streamed.add(int(rid))
         if not replaying and self._fd is not None:
             line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+            self._log_bytes += len(line)
+            self._written += len(line)
+            if op == "close":
+                self._dead_bytes += self._entry_bytes.pop(key, 0) + len(line)
+            else:
+                self._entry_bytes[key] = self._entry_bytes.get(key, 0) + len(line)
             if self._batch is not None:
                 self._batch.append(line)
             else:
                 os.write(self._fd, line)
-            if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:
+            # by bytes, not records: an entry of thousands of tokens outweighs its chunks' records many times, and a
+            # rule by record count rewrote more bytes at each compaction than had been appended since the last one
+            live = self._log_bytes - self._dead_bytes
+            if op == "close" and self._records > 64 and self._log_bytes > self._compact_ratio * max(1, live):
                 self.compact()
 
     @staticmethod
@@ -324,8 +341,10 @@ class PartialPool:
             return
         started = time.perf_counter()
         tmp = f"{path}.compact"
-        with open(tmp, "w") as f:
+        sizes: dict[str, int] = {}
+        with open(tmp, "w") as raw:
             for t in self._entries.values():
+                f = Counted(raw, t.key, sizes)
                 f.write(json.dumps({"op": "open", "key": t.key, "group_id": t.group_id, "version": t.version,
                                     "prompt_ids": t.prompt_ids, "sampling_params": t.sampling_params,
                                     "replica_id": t.replica_id, "state": t.state}, separators=(",", ":")) + "\n")
@@ -338,11 +357,13 @@ class PartialPool:
                     f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": toks,
                                         "logprobs": lps, "state": st, "offset": off},
                                        separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, path)
         if self._batch is not None:
             self._batch.clear()  # a batch's records so far are in the rewritten log already (it is the state)
+        self._log_bytes, self._dead_bytes, self._entry_bytes = sum(sizes.values()), 0, sizes
+        self.rewritten_bytes += self._log_bytes
         self._records = 2 * len(self._entries)
         self._closed.clear()  # closed keys are gone from the log too; keys are unique per run (uid_session)
         if self._fd is not None:
@@ -356,18 +377,10 @@ class PartialPool:
         log_bytes = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
         return {"open_entries": len(self._entries), "records": self._records, "compactions": len(self.compactions),
                 "compaction_s_total": sum(self.compactions), "compaction_s_max": max(self.compactions, default=0.0),
-                "rss_bytes": _rss_bytes(), "log_bytes": log_bytes}
+                "rewritten_bytes": self.rewritten_bytes, "log_bytes_written": self._written,
+                "rss_bytes": rss_bytes(), "log_bytes": log_bytes}
 
     def shutdown(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _rss_bytes() -> int:
-    """This process's resident set (Linux ``/proc``; 0 where it cannot be read)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
