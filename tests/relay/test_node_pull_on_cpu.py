@@ -135,3 +135,17 @@ def test_checkpoint_engine_fallback_reads_the_shared_copy(upstream, tmp_path, mo
     assert upstream.pulls == [7]
     for name, t in named:
         assert torch.equal(got[0][name], t) and torch.equal(got[1][name], t)
+
+
+def test_the_groups_shutdown_removes_pulled_copies_nobody_holds(upstream, tmp_path):
+    from verl_laminar.relay.group import _remove_leftovers
+    from verl_laminar.relay.node_pull import shared_pull_root
+
+    base = str(tmp_path / "stores")
+    _publish(upstream, 1)
+    for rid in ("dead", "busy"):
+        pull_shared(upstream.address(), 1, shared_pull_root(rid, base), timeout_s=10)
+    with node_lock(shared_pull_root("busy", base), 1):  # a worker still pulling into it
+        removed = _remove_leftovers([], ["dead", "busy", "never"], base=base)
+    assert removed == [shared_pull_root("dead", base)]
+    assert sorted(os.listdir(base)) == ["busy.pulled"]
