@@ -149,3 +149,28 @@ def test_the_groups_shutdown_removes_pulled_copies_nobody_holds(upstream, tmp_pa
         removed = _remove_leftovers([], ["dead", "busy", "never"], base=base)
     assert removed == [shared_pull_root("dead", base)]
     assert sorted(os.listdir(base)) == ["busy.pulled"]
+
+
+def test_a_worker_waits_as_long_as_the_pull_moves(tmp_path):
+    """The lock's holder pulls for longer than the timeout, touching its file as chunks arrive: no TimeoutError."""
+    root = str(tmp_path / "dead.pulled")
+    os.makedirs(root)
+    partial = os.path.join(root, ".v000000000001.partial-1")
+    held, done = threading.Event(), []
+
+    def holder():
+        with node_lock(root, 5):
+            held.set()
+            open(partial, "w").close()
+            for i in range(8):  # 8 "chunks" over ~1.6 s, the waiter's timeout is 0.5 s
+                threading.Event().wait(0.2)
+                os.utime(partial, ns=(i + 1, (i + 1) * 10**9))
+            os.unlink(partial)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    with node_lock(root, 0.5):
+        done.append(True)
+    t.join(5)
+    assert done == [True]

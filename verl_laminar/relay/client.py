@@ -46,10 +46,12 @@ def pull_into(
     alloc: Callable[[VersionManifest], Optional[memoryview]],
     transport: Optional[Transport] = None,
     timeout_s: float = 60.0,
+    on_chunk: Optional[Callable[[int], None]] = None,
 ) -> VersionManifest:
     """Fetch ``version`` (default newest) from the relay at ``address`` into the buffer ``alloc(manifest)`` returns
     (``total_bytes`` long, writable); ``alloc`` returning None drains the version through one chunk-sized scratch
-    buffer (the caller holds it already). Every chunk is CRC-checked: a torn pull raises, never returns."""
+    buffer (the caller holds it already). Every chunk is CRC-checked: a torn pull raises, never returns.
+    ``on_chunk(index)`` runs after each chunk arrived whole."""
     ch = (transport or TcpTransport()).connect(address, timeout=timeout_s)
     try:
         ch.settimeout(timeout_s)
@@ -71,6 +73,8 @@ def pull_into(
             ch.recv_payload_into(dest)
             if crc32(dest) != fr.crc:
                 raise TornTransferError(f"pulled chunk {i} of version {m.version} failed its checksum")
+            if on_chunk is not None:
+                on_chunk(i)
         if ch.recv_header().kind != Kind.END:
             raise TransportError(f"pull of version {m.version} from {address} did not end with END")
         return m

@@ -45,24 +45,40 @@ def shared_pull_root(relay_id: str, base: Optional[str] = None) -> str:
     return os.path.join(base or relay_store_base(), f"{relay_id}{PULLED_SUFFIX}")
 
 
+def _pull_progress(root: str) -> tuple:
+    """What changes while the holder of ``root``'s lock pulls: its hidden file's name and the time of its last
+    chunk (the sink touches it after each one; its pages were reserved up front, so its size says nothing)."""
+    marks = []
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(root)):
+            if name.startswith(".v") and ".partial-" in name:
+                with contextlib.suppress(FileNotFoundError):
+                    marks.append((name, os.stat(os.path.join(root, name)).st_mtime_ns))
+    return tuple(marks)
+
+
 @contextlib.contextmanager
 def node_lock(root: str, timeout_s: float, poll_s: float = 0.05) -> Iterator[None]:
-    """Hold ``root``'s exclusive lock; raises ``TimeoutError`` after ``timeout_s`` without it.
+    """Hold ``root``'s exclusive lock; raises ``TimeoutError`` after ``timeout_s`` without it and without progress.
 
-    The holder may be pulling a large version: the wait is the engine's call timeout, as a pull's own would be.
+    The holder may be pulling a large version for minutes: the wait goes on while chunks arrive, and fails after
+    ``timeout_s`` without one, as a pull's own read would.
     """
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        deadline = time.monotonic() + timeout_s
+        seen, since = _pull_progress(root), time.monotonic()
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"another worker held {root} for {timeout_s:.0f} s (a pull of the fallback "
-                                       "version that does not end)") from None
+                now, progress = time.monotonic(), _pull_progress(root)
+                if progress != seen:
+                    seen, since = progress, now
+                elif now - since > timeout_s:
+                    raise TimeoutError(f"another worker held {root} for {timeout_s:.0f} s without progress (a pull "
+                                       "of the fallback version that stalled)") from None
                 time.sleep(poll_s)
         yield
     finally:
@@ -103,6 +119,11 @@ class _FileSink:
             os.close(fd)
         return memoryview(self.mapping) if self.mapping is not None else memoryview(bytearray(0))
 
+    def chunk_arrived(self, index: int) -> None:
+        """Tell the workers waiting on the lock that the pull moves (``node_lock`` watches this file's time)."""
+        if self.path is not None:
+            os.utime(self.path)
+
     def commit(self, m: VersionManifest) -> None:
         if self.path is None:
             return
@@ -141,7 +162,7 @@ def pull_shared(address: tuple[str, int], version: Optional[int], root: str, tra
             return reader.open(int(version))
         sink = _FileSink(root, have, keep)
         try:
-            m = pull_into(address, version, sink, transport, timeout_s)
+            m = pull_into(address, version, sink, transport, timeout_s, on_chunk=sink.chunk_arrived)
             sink.commit(m)
         finally:
             sink.discard()  # a failed pull leaves nothing behind; after a commit there is nothing to discard
