@@ -53,6 +53,8 @@ BUFFER_DISCARDED_GROUPS = "laminar/buffer/discarded_groups"
 # relay weight service (written by verl_laminar.relay.verl_backend.RelayCheckpointEngine.send_weights)
 RELAY_PUBLISH_S = "laminar/relay/publish_s"
 RELAY_VERSION = "laminar/relay/version"
+# publishes gathered in a private host copy before they reached the master relay (cumulative; should stay 0)
+RELAY_COLD_PUBLISHES = "laminar/relay/cold_publishes"
 
 # repack scheduler
 # every trained trajectory's version labels were checked (cumulative); a mixed one raises instead

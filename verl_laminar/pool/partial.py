@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
 from verl_laminar.policy.accounting import InvariantViolation
+from verl_laminar.pool.logfile import Counted, rss_bytes
 
 logger = logging.getLogger(__name__)
 
+# operations a batch may carry (the writes of the streams; claims and queries stay single calls)
+BATCHABLE = frozenset({"open", "append", "finish", "close", "truncate", "reassign"})
 FINISHED = "engine_finished"  # state key: the engine ended the trajectory; its tokens are the whole response
 
 
@@ -78,6 +81,15 @@ class PartialPool:
         self._fd: Optional[int] = None
         self.recovered = 0
         self.torn_records = 0
+        self.compactions: list[float] = []  # seconds each compaction of the log took (they run inside a close)
+        self._batch: Optional[list[bytes]] = None  # records of an ``apply_many`` call, written together at its end
+        # the log's bytes, each open entry's share of them, and the closed entries' (dead) share: the log is compacted
+        # once it exceeds ``compact_ratio`` times its live bytes, so a rewrite (the live bytes) costs at most
+        # 1 / (ratio - 1) of the dead bytes it drops, whatever the responses' lengths
+        self._log_bytes = self._dead_bytes = 0
+        self._entry_bytes: dict[str, int] = {}
+        self.rewritten_bytes = 0  # what compactions wrote, in all
+        self._written = 0  # what the operations appended, in all
         self._activity: dict[int, float] = {}  # replica -> when an entry on it last opened or grew (this clock)
         # replicas that streamed a token to this process: until its first token a replica's engine may be cold (a
         # replacement's first forward at nice 19), so opening requests alone does not start its heartbeat
@@ -132,6 +144,29 @@ class PartialPool:
     def close(self, key: str) -> None:
         """The trajectory reached the experience buffer; it leaves the pool."""
         self._apply({"op": "close", "key": key})
+
+    def apply_many(self, ops: list[tuple[str, tuple]]) -> list[Any]:
+        """Several operations (``(name, args)``, e.g. ``("append", (key, version, tokens, logprobs, None, offset))``)
+        in order, their records written with one ``write`` once all are applied: one call and one write for a tick
+        of a rollout process's streams instead of one per chunk (``pool.batch.PoolBatcher``). Returns each one's
+        result, or the error that refused it (an invariant violation refuses that operation only); nothing is
+        acknowledged before the write, so a crash loses only operations no caller was told were applied."""
+        out: list[Any] = []
+        self._batch = []
+        try:
+            for name, args in ops:
+                if name not in BATCHABLE:
+                    out.append(ValueError(f"{name!r} cannot be batched; one of {sorted(BATCHABLE)}"))
+                    continue
+                try:
+                    out.append(getattr(self, name)(*args))
+                except (InvariantViolation, ValueError, KeyError) as e:
+                    out.append(e)
+        finally:
+            lines, self._batch = self._batch, None
+            if lines and self._fd is not None:
+                os.write(self._fd, b"".join(lines))
+        return out
 
     # ---- queries ----
     def get(self, key: str) -> PartialTrajectory:
@@ -262,8 +297,21 @@ class PartialPool:
                 if op == "append" and rec["tokens"]:
                     self._streamed.add(int(rid))
         if not replaying and self._fd is not None:
-            os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
-            if op == "close" and self._records > self._compact_ratio * max(1, len(self._entries)) + 64:
+            line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+            self._log_bytes += len(line)
+            self._written += len(line)
+            if op == "close":
+                self._dead_bytes += self._entry_bytes.pop(key, 0) + len(line)
+            else:
+                self._entry_bytes[key] = self._entry_bytes.get(key, 0) + len(line)
+            if self._batch is not None:
+                self._batch.append(line)
+            else:
+                os.write(self._fd, line)
+            # by bytes, not records: an entry of thousands of tokens outweighs its chunks' records many times, and a
+            # rule by record count rewrote more bytes at each compaction than had been appended since the last one
+            live = self._log_bytes - self._dead_bytes
+            if op == "close" and self._records > 64 and self._log_bytes > self._compact_ratio * max(1, live):
                 self.compact()
 
     @staticmethod
@@ -291,9 +339,12 @@ class PartialPool:
         path = path or self._path
         if path is None:
             return
+        started = time.perf_counter()
         tmp = f"{path}.compact"
-        with open(tmp, "w") as f:
+        sizes: dict[str, int] = {}
+        with open(tmp, "w") as raw:
             for t in self._entries.values():
+                f = Counted(raw, t.key, sizes)
                 f.write(json.dumps({"op": "open", "key": t.key, "group_id": t.group_id, "version": t.version,
                                     "prompt_ids": t.prompt_ids, "sampling_params": t.sampling_params,
                                     "replica_id": t.replica_id, "state": t.state}, separators=(",", ":")) + "\n")
@@ -306,14 +357,28 @@ class PartialPool:
                     f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": toks,
                                         "logprobs": lps, "state": st, "offset": off},
                                        separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, path)
+        if self._batch is not None:
+            self._batch.clear()  # a batch's records so far are in the rewritten log already (it is the state)
+        self._log_bytes, self._dead_bytes, self._entry_bytes = sum(sizes.values()), 0, sizes
+        self.rewritten_bytes += self._log_bytes
         self._records = 2 * len(self._entries)
         self._closed.clear()  # closed keys are gone from the log too; keys are unique per run (uid_session)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.compactions.append(time.perf_counter() - started)
+
+    def stats(self) -> dict:
+        """What the pool holds and costs now: open entries, log records since the last compaction, the time its
+        compactions took, its process's resident memory (the benchmark's ``pool_rss_bytes``) and its log's size."""
+        log_bytes = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
+        return {"open_entries": len(self._entries), "records": self._records, "compactions": len(self.compactions),
+                "compaction_s_total": sum(self.compactions), "compaction_s_max": max(self.compactions, default=0.0),
+                "rewritten_bytes": self.rewritten_bytes, "log_bytes_written": self._written,
+                "rss_bytes": rss_bytes(), "log_bytes": log_bytes}
 
     def shutdown(self) -> None:
         if self._fd is not None:

@@ -23,8 +23,9 @@ NO_LOGPROB = math.nan
 
 class PoolStreamer:
     def __init__(self, pool: Any, key: str, version: int, offset: int = 0, chunk: Optional[ChunkPolicy] = None,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, batcher: Optional[Any] = None) -> None:
         self.pool, self.key, self.version, self.offset = pool, key, int(version), int(offset)
+        self.batcher = batcher  # pool.batch.PoolBatcher of this process: chunks go in its next batch, not one call each
         self.policy = chunk or ChunkPolicy()
         self._clock = clock
         self.sent = 0  # tokens of this piece already sent
@@ -34,8 +35,8 @@ class PoolStreamer:
 
     def _send(self, tokens: list, log_probs: list) -> Any:
         n = len(tokens)
-        ref = self.pool.append.remote(self.key, self.version, tokens[self.sent:n], log_probs[self.sent:n], None,
-                                      self.offset + self.sent)
+        args = (self.key, self.version, tokens[self.sent:n], log_probs[self.sent:n], None, self.offset + self.sent)
+        ref = self.batcher.submit("append", *args) if self.batcher is not None else self.pool.append.remote(*args)
         self.sent, self.last = n, self._clock()
         self.chunks += 1
         self._pending.append(ref)
@@ -52,7 +53,8 @@ class PoolStreamer:
         if len(tokens) > self.sent:
             self._send(tokens, log_probs)
         if finished:
-            self._pending.append(self.pool.finish.remote(self.key))
+            self._pending.append(self.batcher.submit("finish", self.key) if self.batcher is not None
+                                 else self.pool.finish.remote(self.key))
         pending, self._pending = self._pending, []
         for ref in pending:
             await ref

@@ -2,8 +2,10 @@
 
 Dataflow:
     local relay alive  -> StoreReader(root).open(version): a read-only mmap, no copy
-    local relay gone   -> fallback_source(plan) (pure) -> PULL over the transport -> private buffer,
-                          every chunk CRC-checked, so a torn pull is never returned
+    local relay gone   -> fallback_source(plan) (pure) -> PULL over the transport -> a buffer the caller
+                          allocates once the manifest is known (``node_pull``: one file in this machine's shared
+                          memory for all its workers; ``pull``: a private one, for tools), every chunk
+                          CRC-checked, so a torn pull is never returned
 ``serve_pull`` is the relay side of PULL: BEGIN (manifest with checksums), CHUNK..., END.
 """
 
@@ -38,13 +40,18 @@ def serve_pull(store: RelayStore, ch: Channel, version: Optional[int]) -> None:
         view.release()
 
 
-def pull(
+def pull_into(
     address: tuple[str, int],
-    version: Optional[int] = None,
+    version: Optional[int],
+    alloc: Callable[[VersionManifest], Optional[memoryview]],
     transport: Optional[Transport] = None,
     timeout_s: float = 60.0,
-) -> tuple[VersionManifest, memoryview]:
-    """Fetch ``version`` (default newest) from the relay at ``address`` into a private buffer."""
+    on_chunk: Optional[Callable[[int], None]] = None,
+) -> VersionManifest:
+    """Fetch ``version`` (default newest) from the relay at ``address`` into the buffer ``alloc(manifest)`` returns
+    (``total_bytes`` long, writable); ``alloc`` returning None drains the version through one chunk-sized scratch
+    buffer (the caller holds it already). Every chunk is CRC-checked: a torn pull raises, never returns.
+    ``on_chunk(index)`` runs after each chunk arrived whole."""
     ch = (transport or TcpTransport()).connect(address, timeout=timeout_s)
     try:
         ch.settimeout(timeout_s)
@@ -55,20 +62,44 @@ def pull(
         if fr.kind != Kind.BEGIN:
             raise TransportError(f"relay at {address} answered PULL with kind {fr.kind}")
         m = VersionManifest.from_json(ch.recv_payload(fr.length))
-        buf = memoryview(bytearray(m.total_bytes))
+        buf = alloc(m)
+        scratch = memoryview(bytearray(m.chunk_size)) if buf is None else None
         for i in range(m.num_chunks):
             fr = ch.recv_header()
             off, length = m.chunk_span(i)
             if fr.kind != Kind.CHUNK or fr.index != i or fr.length != length:
                 raise TransportError(f"bad chunk frame {fr} for version {m.version} chunk {i}")
-            ch.recv_payload_into(buf[off : off + length])
-            if crc32(buf[off : off + length]) != fr.crc:
+            dest = buf[off : off + length] if buf is not None else scratch[:length]
+            ch.recv_payload_into(dest)
+            if crc32(dest) != fr.crc:
                 raise TornTransferError(f"pulled chunk {i} of version {m.version} failed its checksum")
+            if on_chunk is not None:
+                on_chunk(i)
         if ch.recv_header().kind != Kind.END:
             raise TransportError(f"pull of version {m.version} from {address} did not end with END")
-        return m, buf
+        return m
     finally:
         ch.close()
+
+
+def pull(
+    address: tuple[str, int],
+    version: Optional[int] = None,
+    transport: Optional[Transport] = None,
+    timeout_s: float = 60.0,
+) -> tuple[VersionManifest, memoryview]:
+    """Fetch ``version`` (default newest) from the relay at ``address`` into a private buffer.
+
+    For tools and tests; a rollout worker whose relay died uses ``node_pull.pull_shared`` (one copy per machine).
+    """
+    bufs: list[memoryview] = []
+
+    def alloc(m: VersionManifest) -> memoryview:
+        bufs.append(memoryview(bytearray(m.total_bytes)))
+        return bufs[0]
+
+    m = pull_into(address, version, alloc, transport, timeout_s)
+    return m, bufs[0]
 
 
 class RelayClient:

@@ -302,10 +302,19 @@ class RelayGroup:
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 leftovers.append(rid)  # a dead relay's files stay on its machine: remove them there
             ray.kill(h)
-        if destroy and leftovers:
-            refs = [ray.remote(_remove_store).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[r], soft=False)
-            ).remote(roots[r]) for r in leftovers]
+        if destroy:
+            # on each machine: the stores of its relays that died (dropped earlier, or found dead just now) and what
+            # its workers pulled while one was dead (relay.node_pull), each only if no live process holds it
+            dead = set(leftovers) | (set(nodes) - set(actors))
+            by_node: dict[str, tuple[list[str], list[str]]] = {}
+            for rid, node in nodes.items():
+                stores, pulled = by_node.setdefault(node, ([], []))
+                if rid in dead and rid in roots:
+                    stores.append(roots[rid])
+                pulled.append(rid)
+            refs = [ray.remote(_remove_leftovers).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            ).remote(stores, pulled) for node, (stores, pulled) in by_node.items()]
             ray.wait(refs, num_returns=len(refs), timeout=10)
 
 
@@ -321,3 +330,12 @@ def _remove_store(root: str) -> bool:
     except OSError:
         pass
     return removed
+
+
+def _remove_leftovers(stores: list[str], pulled_for: list[str], base: Optional[str] = None) -> list[str]:
+    """On one machine: the ``stores`` of dead relays and the shared pulls made for relays ``pulled_for``
+    (``node_pull.shared_pull_root``, under ``base``); returns what was removed."""
+    from verl_laminar.relay.node_pull import shared_pull_root
+
+    paths = list(stores) + [shared_pull_root(rid, base) for rid in pulled_for]
+    return [p for p in paths if _remove_store(p)]

@@ -136,6 +136,11 @@ class VersionWriter:
         self._off = align_up(self._off + e.nbytes)
 
     @property
+    def cold(self) -> bool:
+        """Whether any tensor went through a private host copy (no warm buffer, or one too small)."""
+        return (self._warm is None and self._off > 0) or self._first_spill is not None
+
+    @property
     def nbytes(self) -> int:
         """Size of the version so far (the next publish's warm buffer needs at least this)."""
         return self._off

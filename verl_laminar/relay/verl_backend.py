@@ -5,7 +5,8 @@ Dataflow:
                     (on this machine) -> returns; the chain broadcast runs in the background
     other ranks:    iterate the generator (FSDP gathers are collective) and drop the tensors
     rollout worker: receive_weights / get_weights -> this machine's relay (mmap, zero copy) or,
-                    when it is gone, a pull from its upstream neighbour -> verl's BucketedWeightSender
+                    when it is gone, its upstream neighbour's copy, pulled once per machine into shared
+                    memory (``node_pull``) -> verl's BucketedWeightSender
 Select with ``actor_rollout_ref.rollout.checkpoint_engine.backend=laminar`` and
 ``...checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend``; options go in
 ``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``, ``dtype``,
@@ -16,7 +17,9 @@ Lifecycle (verl's ``CheckpointEngineManager.update_weights``, every sync): ``pre
 rollout worker -> ``build_topology`` / ``init_process_group`` (nothing to do for relays) -> ``send_weights``
 on the actor ranks while the rollout workers ``receive_weights`` -> ``finalize``. The master's ``prepare``
 maps the publish buffer, so even the first publish copies straight into it when its size is known
-(``expected_bytes``, or ``warm(nbytes)``); later ones reuse the size of the one before.
+(``expected_bytes``, or ``warm(nbytes)``); later ones reuse the size of the one before. ``send_weights`` makes
+the same call itself, because LaminarTrainer publishes through the actor's ``update_weights``, which skips the
+manager; ``cold_publishes`` (metric ``laminar/relay/cold_publishes``) counts publishes that were not warm.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from verl_laminar.metrics import RELAY_COLD_PUBLISHES
 from verl_laminar.policy.timeouts import arrival_mark
-from verl_laminar.relay.client import pull
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
+from verl_laminar.relay.node_pull import pull_shared, shared_pull_root
 from verl_laminar.relay.publish import Publisher, RayHandle, RelayGoneError
 from verl_laminar.relay.store import StoreReader, VersionGoneError
 from verl_laminar.relay.tensors import VersionWriter, read_tensors, resolve_dtype
@@ -119,6 +123,7 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         self._publisher: Optional[Publisher] = None
         self._last_version = -1
         self._last_nbytes = 0  # size of the last publish: the next one's buffer
+        self.cold_publishes = 0  # publishes gathered in a private host copy first (0 when every one was warm)
         self.served_version: Optional[int] = None  # the version the last receive/get returned
 
     # ---- verl's topology protocol: relays need no process group ----
@@ -247,6 +252,9 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         if version <= self._last_version:
             raise ValueError(f"version {version} is not newer than the last published {self._last_version}; "
                              "pass the trainer's global step")
+        # verl's actor ``update_weights`` (the call LaminarTrainer._publish makes) goes straight here without the
+        # manager's ``prepare``: warm here too, or version 0 would be gathered in rank 0's private memory
+        self._warm_next()
         try:
             publisher = self._get_publisher()
         except RelayGoneError as e:
@@ -259,7 +267,13 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
         except (RelayGoneError, TimeoutError) as e:  # a hung relay times out; the group's check tells if it died
             stall = writer.publish(version, publisher=self._master_failover(e))
         self._last_version, self._last_nbytes = version, writer.nbytes
-        return {"laminar/relay/publish_s": stall, "laminar/relay/version": version}
+        if writer.cold:
+            self.cold_publishes += 1
+            logger.warning("version %d was gathered in host memory before its publish (%d bytes, no prepared buffer "
+                           "of that size: expected_bytes=%d); later publishes reuse its size", version, writer.nbytes,
+                           self.expected_bytes)
+        return {"laminar/relay/publish_s": stall, "laminar/relay/version": version,
+                RELAY_COLD_PUBLISHES: self.cold_publishes}
 
     # ---- rollout side ----
     def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
@@ -276,8 +290,9 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             return StoreReader(os.path.dirname(desc["path"])).open(desc["version"])
         except RayActorError:
             src, addr = self._call(self._group().fallback_for.remote(rid))
-            m, view = pull(tuple(addr), version, timeout_s=self.timeout_s)
-            logger.warning("relay %s unreachable; version %d pulled from its upstream %s", rid, m.version, src)
+            # one copy per machine in shared memory, pulled by the first of its workers, not one per worker
+            m, view = pull_shared(tuple(addr), version, shared_pull_root(rid), timeout_s=self.timeout_s)
+            logger.warning("relay %s unreachable; version %d read from its upstream %s", rid, m.version, src)
             return m, view
         except ray.exceptions.RayTaskError as e:
             raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e

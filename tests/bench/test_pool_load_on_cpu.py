@@ -1,0 +1,80 @@
+"""The pool benchmark's load model and summary (pure), and the pool's own stats it reports."""
+
+import random
+
+import pytest
+
+from verl_laminar.bench.pool import _Tokens
+from verl_laminar.bench.pool_load import Load, next_due, percentile, summarize, tokens_at
+from verl_laminar.pool.partial import PartialPool
+
+
+def test_the_issue_default_offers_about_8000_appends_a_second():
+    load = Load()
+    assert load.running == 64 * 128
+    assert load.chunk_period_s() == 1.0  # 40 tokens/s never fill a 64-token chunk within the 1 s interval
+    assert load.nominal_appends_per_s() == pytest.approx(8192)
+    fast = Load(tokens_per_s=128.0)  # a chunk fills in 0.5 s: the token rule sets the pace
+    assert fast.chunk_period_s() == 0.5 and fast.nominal_appends_per_s() == pytest.approx(16384)
+
+
+def test_lengths_are_cut_at_max_tokens_and_spread():
+    load = Load(median_tokens=2048, sigma=1.0, max_tokens=16384)
+    rng = random.Random(0)
+    lengths = [load.draw_length(rng) for _ in range(5000)]
+    assert max(lengths) == 16384 and min(lengths) >= 1
+    assert 1700 < sorted(lengths)[2500] < 2400  # the median holds
+    assert Load(sigma=0.0, median_tokens=300).draw_length(rng) == 300
+
+
+@pytest.mark.parametrize("bad", [dict(replicas=0), dict(tokens_per_s=0.0), dict(flush_interval_s=0.0),
+                                 dict(sigma=-1.0)])
+def test_invalid_loads_are_refused(bad):
+    with pytest.raises(ValueError):
+        Load(**bad)
+
+
+def test_next_due_follows_the_chunk_policy():
+    load = Load(flush_tokens=64, flush_interval_s=1.0)
+    # 128 tokens/s: the chunk fills after 0.5 s, before the interval
+    assert next_due(0.0, 128.0, 10_000, 0, 0.0, load) == pytest.approx(0.5)
+    # 10 tokens/s: the interval rules (1 s after the last send)
+    assert next_due(0.0, 10.0, 10_000, 20, 1.5, load) == pytest.approx(2.5)
+    # the interval does not fire before a new token exists
+    assert next_due(0.0, 0.5, 10_000, 1, 0.0, load) == pytest.approx(4.0)
+    # the end comes first
+    assert next_due(0.0, 10.0, 5, 0, 0.0, load) == pytest.approx(0.5)
+    assert tokens_at(2.0, 0.0, 10.0, 15) == 15 and tokens_at(1.05, 0.0, 10.0, 100) == 10
+
+
+def test_summary_counts_only_the_window_and_ranks_delays():
+    sends = [(0.5, 0.6)]  # warm-up: left out
+    sends += [(1.0 + i * 0.01, 1.0 + i * 0.01 + 0.015) for i in range(100)]  # 100 chunks in [1, 2), 15 ms each
+    sends += [(1.9, None)]  # never answered: counted as lasting to the window's end
+    out = summarize(sends, (1.0, 2.0))
+    assert out["offered_appends_per_s"] == pytest.approx(101)
+    assert out["sustained_appends_per_s"] == pytest.approx(99)  # the last acknowledgment lands after the window
+    assert out["delay_p50_s"] == pytest.approx(0.015)
+    assert out["delay_max_s"] == pytest.approx(0.1) and out["unanswered_in_window"] == 1
+    with pytest.raises(ValueError):
+        summarize(sends, (2.0, 2.0))
+    assert percentile([], 0.5) is None and percentile([3.0, 1.0, 2.0], 0.99) == 3.0
+
+
+def test_synthetic_tokens_slice_like_a_list():
+    t = _Tokens(7)
+    t.n = 5
+    assert len(t) == 5 and t[2:5] == [7, 7, 7] and t[5:5] == []
+
+
+def test_pool_stats_time_its_compactions(tmp_path):
+    pool = PartialPool(str(tmp_path / "pool.log"), compact_ratio=1.0)
+    for i in range(80):
+        pool.open(f"k{i}", f"g{i}", 0, [1, 2], {})
+        pool.append(f"k{i}", 0, [5] * 8, [-0.1] * 8, offset=0)
+        pool.close(f"k{i}")
+    s = pool.stats()
+    assert s["open_entries"] == 0 and s["compactions"] >= 1
+    assert s["compaction_s_max"] > 0 and s["compaction_s_total"] >= s["compaction_s_max"]
+    assert s["rss_bytes"] > 10 * 2**20 and s["log_bytes"] >= 0
+    pool.shutdown()

@@ -1,0 +1,260 @@
+"""Does one partial-response pool keep up with a fleet? The real pool (its actor, its client, its log) under the
+streaming pattern of ``replicas`` x ``seqs`` running sequences.
+
+    python -m verl_laminar.bench.pool --json                      # 64 x 128, 64-token chunks, 1 s flush
+    python -m verl_laminar.bench.pool --replicas 4 --seqs 16 --duration-s 30 --json --results docs/results
+
+Dataflow: ``--generators`` Ray actors each play some replicas (``bench.pool_load``: when each sequence's next chunk
+is due, lengths drawn up to ``--max-tokens``) -> every sequence opens its entry, streams its tokens through
+``pool.stream.PoolStreamer`` (what the rollouts use), and at its end flushes with ``finished`` and closes -> the
+pool actor of ``pool.actor.spawn_pool`` writes each operation to its log in ``--log-dir`` (node-local by default).
+Each chunk's send and acknowledgment times are recorded at the sender; the pool acknowledges after the record's
+``write``, after which a reader sees it even if the pool's process dies, so the delay is an upper bound on
+send-to-durable. Over the window after ``--warmup-s`` it reports ``offered_appends_per_s``,
+``sustained_appends_per_s``, ``delay_p50_s`` / ``delay_p99_s``, ``open_entries``, ``compaction_s``,
+``pool_rss_bytes`` and ``end_wait_p50_s`` / ``end_wait_p99_s`` (what a trajectory's end waits for its chunks).
+
+The load generators share the machine with the pool: when they cannot send at the nominal rate, the offered rate
+shows it (``nominal_appends_per_s`` beside it). The JSON opens with the provenance record (``bench.provenance``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Optional
+
+from verl_laminar.bench.pool_load import Load, next_due, percentile, summarize, tokens_at
+from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.pool.stream import PoolStreamer
+
+logger = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 300.0
+
+
+class _Tokens:
+    """A response's tokens as the streamer sees them (``len`` and slices) without holding 16K ints per sequence."""
+
+    def __init__(self, value: Any) -> None:
+        self.n, self.value = 0, value
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, s: slice) -> list:
+        return [self.value] * len(range(*s.indices(self.n)))
+
+
+class _Sequence:
+    def __init__(self, key: str, start: float, length: int, rate: float, streamer: Any) -> None:
+        self.key, self.start, self.length, self.rate, self.streamer = key, start, length, rate, streamer
+        self.tokens, self.logprobs = _Tokens(7), _Tokens(-0.5)
+
+
+class _TimedStreamer(PoolStreamer):
+    """The rollouts' streamer, each chunk's send and acknowledgment times recorded by its generator."""
+
+    def __init__(self, gen: "Generator", *args: Any) -> None:
+        super().__init__(*args)
+        self.gen = gen
+
+    def _send(self, tokens: list, log_probs: list) -> Any:
+        sent = time.monotonic()
+        ref = super()._send(tokens, log_probs)
+        self.gen._record_send(ref, sent)
+        return ref
+
+
+class Generator:
+    """Plays some replicas of the fleet against the pool (a Ray async actor; its records go back to the driver)."""
+
+    def __init__(self, pool_name: str, load: dict, replica_ids: list[int], seed: int, batch_tick_s: float = 0.0
+                 ) -> None:
+        import ray
+
+        from verl_laminar.pool.partial import ChunkPolicy
+
+        self.pool = ray.get_actor(pool_name)
+        self.batch_tick_s = batch_tick_s  # > 0: each replica sends its streams' writes in one call per tick
+        self.batchers: dict[int, Any] = {}
+        self.load = Load(**load)
+        self.replicas = replica_ids
+        self.rng = random.Random(seed)
+        self.policy = ChunkPolicy(self.load.flush_tokens, self.load.flush_interval_s)
+        self.sends: list[list] = []  # [sent, acknowledged or None] per chunk (monotonic seconds)
+        self.end_waits: list[tuple[float, float]] = []  # (when the end began, seconds it waited)
+        self._finishing: set = set()
+
+    def _record_send(self, ref: Any, sent: float) -> None:
+        row = [sent, None]
+        self.sends.append(row)
+        future = ref if isinstance(ref, asyncio.Future) else ref.future()  # batched: the batcher's future
+        future.add_done_callback(lambda _f, row=row: row.__setitem__(1, time.monotonic()))
+
+    def _open(self, replica: int, now: float) -> _Sequence:
+        key = f"r{replica}-{uuid.uuid4().hex[:12]}"
+        self.pool.open.remote(key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
+                              replica)
+        batcher = None
+        if self.batch_tick_s > 0:
+            from verl_laminar.pool.batch import PoolBatcher
+
+            batcher = self.batchers.setdefault(replica, PoolBatcher(self.pool, self.batch_tick_s))
+        streamer = _TimedStreamer(self, self.pool, key, 0, 0, self.policy, time.monotonic, batcher)
+        # a random phase, so the fleet's chunks are spread over the interval as a running fleet's are
+        streamer.last = now - self.rng.random() * self.load.flush_interval_s
+        return _Sequence(key, now, self.load.draw_length(self.rng), self.load.tokens_per_s, streamer)
+
+    async def _end(self, seq: _Sequence) -> None:
+        began = time.monotonic()
+        await seq.streamer.flush(seq.tokens, seq.logprobs, finished=True)
+        self.end_waits.append((began, time.monotonic() - began))
+        self.pool.close.remote(seq.key)
+
+    async def run(self, start_at: float, duration_s: float) -> dict:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        now, load = time.monotonic(), self.load
+        heap: list = []
+        for replica in self.replicas:
+            for _ in range(load.seqs):
+                seq = self._open(replica, now - self.rng.random() * load.median_tokens / load.tokens_per_s)
+                heapq.heappush(heap, (next_due(seq.start, seq.rate, seq.length, 0, seq.streamer.last, load),
+                                      id(seq), seq, replica))
+        end = start_at + duration_s
+        while time.monotonic() < end:
+            now = time.monotonic()
+            while heap and heap[0][0] <= now:
+                _, _, seq, replica = heapq.heappop(heap)
+                seq.tokens.n = seq.logprobs.n = tokens_at(now, seq.start, seq.rate, seq.length)
+                if seq.tokens.n >= seq.length:
+                    task = asyncio.ensure_future(self._end(seq))
+                    self._finishing.add(task)
+                    task.add_done_callback(self._finishing.discard)
+                    seq = self._open(replica, now)
+                else:
+                    seq.streamer.maybe_flush(seq.tokens, seq.logprobs)
+                heapq.heappush(heap, (next_due(seq.start, seq.rate, seq.length, seq.streamer.sent,
+                                               seq.streamer.last, load), id(seq), seq, replica))
+            await asyncio.sleep(max(0.0, min(0.05, (heap[0][0] if heap else end) - time.monotonic())))
+        return {"sends": [tuple(r) for r in self.sends], "end_waits": self.end_waits, "running": len(heap),
+                "pool_calls": sum(b.calls for b in self.batchers.values())}
+
+
+def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
+        seed: int = 0, batch_tick_s: float = 0.0) -> dict:
+    """One measurement on a local Ray instance; returns the result's keys (without provenance)."""
+    import ray
+
+    from verl_laminar.pool.actor import spawn_pool
+
+    if warmup_s >= duration_s:
+        raise ValueError(f"--warmup-s {warmup_s} must be shorter than --duration-s {duration_s}")
+    folder = tempfile.mkdtemp(prefix="laminar-pool-bench-", dir=log_dir)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=max(2, generators + 1), include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+    name = f"laminar_pool_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        pool = spawn_pool(os.path.join(folder, "pool.log"), name=name)
+        ray.get(pool.stats.remote())
+        gens = [ray.remote(Generator).options(num_cpus=0).remote(name, load.to_dict(),
+                                                               list(range(g, load.replicas, generators)), seed + g,
+                                                               batch_tick_s)
+                for g in range(generators)]
+        ray.get([g.__ray_ready__.remote() for g in gens])
+        start_at = time.monotonic() + 1.0
+        outs = ray.get([g.run.remote(start_at, duration_s) for g in gens], timeout=duration_s + 600)
+        try:  # queued behind every chunk still unapplied: a saturated pool answers late, or not within the bound
+            stats = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("the pool did not answer its stats within %.0f s (still applying queued chunks)",
+                           STATS_TIMEOUT_S)
+            stats = dict.fromkeys(("open_entries", "compaction_s_max", "compaction_s_total", "compactions",
+                                   "rss_bytes", "log_bytes"))
+        ray.kill(pool)
+    finally:
+        if started_ray:
+            ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+    window = (start_at + warmup_s, start_at + duration_s)
+    sends = [s for o in outs for s in o["sends"]]
+    waits = [w for o in outs for b, w in o["end_waits"] if window[0] <= b < window[1]]
+    out = summarize(sends, window)
+    out.update(nominal_appends_per_s=load.nominal_appends_per_s(), running_sequences=sum(o["running"] for o in outs),
+               open_entries=stats["open_entries"], compaction_s=stats["compaction_s_max"],
+               compaction_s_total=stats["compaction_s_total"], compactions=stats["compactions"],
+               pool_rss_bytes=stats["rss_bytes"], log_bytes_at_end=stats["log_bytes"],
+               end_wait_p50_s=percentile(waits, 0.5), end_wait_p99_s=percentile(waits, 0.99), ends_in_window=len(waits),
+               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs))
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    d = Load()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replicas", type=int, default=d.replicas)
+    ap.add_argument("--seqs", type=int, default=d.seqs, help="running sequences per replica")
+    ap.add_argument("--flush-tokens", type=int, default=d.flush_tokens)
+    ap.add_argument("--flush-interval-s", type=float, default=d.flush_interval_s)
+    ap.add_argument("--tokens-per-s", type=float, default=d.tokens_per_s, help="decode rate of one sequence")
+    ap.add_argument("--median-tokens", type=int, default=d.median_tokens)
+    ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument("--warmup-s", type=float, default=15.0)
+    ap.add_argument("--generators", type=int, default=2, help="load-generating actors (they share the machine)")
+    ap.add_argument("--batch-tick-s", type=float, default=0.0,
+                    help="> 0: each replica's chunks go to the pool in one call per tick (pool.batch); 0: one call "
+                         "per chunk, as the rollouts send them today")
+    ap.add_argument("--log-dir", default=None, help="where the pool's log goes (default: this node's temp dir)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", default=None, metavar="DIR", help="also write the JSON to DIR/<name>_<date>.json")
+    ap.add_argument("--results-name", default=None, help="file name stem (default bench_pool_<replicas>x<seqs>)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    load = Load(replicas=a.replicas, seqs=a.seqs, flush_tokens=a.flush_tokens, flush_interval_s=a.flush_interval_s,
+                tokens_per_s=a.tokens_per_s, median_tokens=a.median_tokens, max_tokens=a.max_tokens)
+    prov = provenance(argv, "verl_laminar.bench.pool")  # before the run: the load it started under
+    saved = None
+    if a.results:
+        try:
+            saved = claim_result_path(a.results, a.results_name or f"bench_pool_{a.replicas}x{a.seqs}", prov)
+        except FileExistsError as e:
+            logger.error("pool bench: %s", e)
+            return 2
+    # Ray prints its warnings (tasks piling up before a saturated actor) to stdout: keep stdout for the JSON
+    with contextlib.redirect_stdout(sys.stderr):
+        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed, a.batch_tick_s)
+    result = {**prov, "load": load.to_dict(), "duration_s": a.duration_s, "warmup_s": a.warmup_s,
+              "generators": a.generators, **measured}
+    text = json.dumps(result, indent=2)
+    if saved is not None:
+        saved.write_text(text + "\n")
+    if a.json:
+        sys.stdout.write(text + "\n")
+    else:
+        logger.warning("pool: offered %.0f/s, sustained %.0f/s, delay p99 %s s, %s open entries",
+                       result["offered_appends_per_s"], result["sustained_appends_per_s"], result["delay_p99_s"],
+                       result["open_entries"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
