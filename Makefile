@@ -3,13 +3,19 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup fixtures demo test test-fast test-slow clean-shm
+.PHONY: setup fixtures fixtures-learn demo test test-fast test-slow clean-shm
 
 setup:
 	bash scripts/setup.sh
 
+# The tests' fixtures only: tiny-chain (the time-to-reward benchmark's, ~15 min to build) is built by
+# `python -m verl_laminar.fixtures --fixture tiny-chain` or `make fixtures-learn`.
 fixtures: setup
-	$(PY) -m verl_laminar.fixtures --fixture all
+	$(PY) -m verl_laminar.fixtures --fixture tiny-qwen
+	$(PY) -m verl_laminar.fixtures --fixture tiny-bpe
+
+fixtures-learn: setup
+	$(PY) -m verl_laminar.fixtures --fixture tiny-chain
 
 # The main job: +laminar=enabled and verl's sync GRPO side by side on the CPU fixtures (the workload's steps, the
 # paper-regime workload), one summary screen and the pictures; verl/vLLM output goes to runs/demo/<mode>.log.
@@ -28,7 +34,7 @@ test: fixtures
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not e2e" $(PYTEST_ARGS) tests
 
-test-slow: fixtures
+test-slow: fixtures fixtures-learn
 	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests
 
 # vLLM's CPU engine leaves POSIX shared-memory queues behind when Ray kills it at shutdown.
