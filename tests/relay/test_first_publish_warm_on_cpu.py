@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from verl_laminar.preflight.model_sizes import model_sizes
+from verl_laminar.models.sizes import model_sizes
 from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.relay import Relay
 from verl_laminar.relay.tensors import read_tensors

@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 import torch
 
-from verl_laminar.preflight.model_sizes import SHIPPED
+from verl_laminar.models.sizes import SHIPPED
 from verl_laminar.relay.manifest import TensorEntry
 from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.rank_read import entries_of, rank_bytes, rank_slice, read_rank
