@@ -154,3 +154,19 @@ def native_threads() -> list:
     from pathlib import Path
 
     return [(t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir()]
+
+
+def recording_handle(relay):
+    """A local relay handle that records the methods called on it (the publish tests check which path ran)."""
+    from verl_laminar.relay.publish import LocalHandle
+
+    class RecordingHandle(LocalHandle):
+        def __init__(self, relay):
+            super().__init__(relay)
+            self.calls = []
+
+        def call(self, method, *args, **kwargs):
+            self.calls.append(method)
+            return super().call(method, *args, **kwargs)
+
+    return RecordingHandle(relay)

@@ -106,3 +106,9 @@ def test_one_loop_executes_the_dispatch_and_repack_policies():
     assert not extra, f"a second loop executes the dispatch or repack policy (drive the router instead): {extra}"
     stale = sorted(OTHER_LOOPS - set(callers))
     assert not stale, f"gone: remove from OTHER_LOOPS: {stale}"
+
+
+def test_the_front_page_stays_within_12_kib():
+    """The README is what a verl user reads first: narratives and numbers belong in docs/."""
+    size = (Path(__file__).resolve().parents[1] / "README.md").stat().st_size
+    assert size <= 12 * 1024, f"README.md is {size} bytes; move detail into docs/ (limit {12 * 1024})"

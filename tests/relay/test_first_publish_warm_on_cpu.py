@@ -17,22 +17,13 @@ from safetensors.torch import save_file
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from laminar_testing import recording_handle
 from verl_laminar.models.sizes import model_sizes
-from verl_laminar.relay.publish import LocalHandle, Publisher
+from verl_laminar.relay.publish import Publisher
 from verl_laminar.relay.relay import Relay
 from verl_laminar.relay.tensors import read_tensors
 from verl_laminar.relay.verl_backend import BACKEND
 from verl_laminar.trainer import laminar_trainer as lt
-
-
-class RecordingHandle(LocalHandle):
-    def __init__(self, relay):
-        super().__init__(relay)
-        self.calls = []
-
-    def call(self, method, *args, **kwargs):
-        self.calls.append(method)
-        return super().call(method, *args, **kwargs)
 
 
 @pytest.fixture
@@ -95,7 +86,7 @@ def _trainer(engine, monkeypatch):
 def _engine(relay, expected_bytes):
     kwargs = {"dtype": "bfloat16"} | ({"expected_bytes": expected_bytes} if expected_bytes is not None else {})
     engine = CheckpointEngineRegistry.new(BACKEND, is_master=True, bucket_size=16 << 20, **kwargs)
-    handle = RecordingHandle(relay)
+    handle = recording_handle(relay)
     publisher = Publisher(handle)
     engine._get_publisher = lambda: publisher  # the master relay found in-process instead of through the group
     return engine, handle, publisher

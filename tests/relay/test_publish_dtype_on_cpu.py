@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+from laminar_testing import recording_handle
 from verl_laminar.relay import publish as publish_mod
 from verl_laminar.relay import tensors as tensors_mod
 from verl_laminar.relay.publish import LocalHandle, Publisher, WarmBuffer, pin_mapping
@@ -35,16 +36,6 @@ def _fp32_weights():
     return [("layer.weight", torch.randn(64, 32)), ("layer.bias", torch.randn(64)),
             ("pos_ids", torch.arange(16, dtype=torch.int64)), ("mask", torch.tensor([True, False, True])),
             ("half.weight", torch.randn(8).to(torch.float16))]
-
-
-class RecordingHandle(LocalHandle):
-    def __init__(self, relay):
-        super().__init__(relay)
-        self.calls = []
-
-    def call(self, method, *args, **kwargs):
-        self.calls.append(method)
-        return super().call(method, *args, **kwargs)
 
 
 def _engine(relay, handle, **kw):
@@ -113,7 +104,7 @@ def test_engine_dtype_halves_the_version_and_receive_yields_bf16(relay):
 
 
 def test_expected_bytes_makes_the_first_publish_warm(relay):
-    handle = RecordingHandle(relay)
+    handle = recording_handle(relay)
     named = _fp32_weights()
     eng, pub = _engine(relay, handle, dtype="bfloat16", expected_bytes=64 * 32 * 2 + 64 * 2 + 16 * 8 + 3 + 8 * 2)
     eng.prepare()  # what verl's CheckpointEngineManager calls on every worker before the sync

@@ -43,8 +43,8 @@ def qwen25_layer(kv_heads: int) -> dict[str, torch.Tensor]:
 
 def vllm_rank(rank: int, tp: int, kv_heads: int):
     """vLLM's layers of one decoder layer as rank ``rank`` of ``tp`` builds them."""
-    L = pytest.importorskip("vllm.model_executor.layers.linear")
-    V = pytest.importorskip("vllm.model_executor.layers.vocab_parallel_embedding")
+    import vllm.model_executor.layers.linear as L  # vLLM is a hard dependency: a missing one must fail, not skip
+    import vllm.model_executor.layers.vocab_parallel_embedding as V
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
 
