@@ -104,6 +104,18 @@ def _register_relay_backend() -> str:
     return "checkpoint engine 'laminar' (registered when verl.checkpoint_engine is imported)"
 
 
+def _register_laminar_split() -> str:
+    from verl_laminar.patches import apply_patch, installed_verl_version, verl_verified
+
+    if not verl_verified():
+        return f"not applied (untested verl {installed_verl_version()}; the Laminar trainer refuses to run)"
+    from verl_laminar.patches.laminar_split import LAMINAR_SPLIT
+
+    # every platform: it acts only on configs with trainer_mode=laminar, before verl's validate_config
+    apply_patch(LAMINAR_SPLIT)
+    return "colocated recipes are split before verl checks the config (trainer_mode=laminar only)"
+
+
 def _register_laminar_trainer() -> str:
     # Deferred until verl imports its v1 trainers (what TaskRunnerV1 does before get_trainer_cls).
     from verl_laminar.trainer import install
@@ -115,6 +127,7 @@ def _register_laminar_trainer() -> str:
 _COMPONENTS: list[tuple[str, Callable[[], str]]] = [
     ("platform:cpu", _register_cpu_platform),
     ("checkpoint_engine:laminar", _register_relay_backend),
+    ("config:laminar_split", _register_laminar_split),
     ("trainer:laminar", _register_laminar_trainer),
 ]
 

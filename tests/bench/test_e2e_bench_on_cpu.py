@@ -123,9 +123,35 @@ def test_laminar_settings_reach_only_the_laminar_recipe_and_are_recorded(tmp_pat
     placed = e2e.placement("laminar", args)
     assert placed["num_warmup_batches"] == 4
     assert placed["laminar_overrides"] == ["laminar.dispatch.groups_per_batch=3", "laminar.cpu_priority=false"]
+    assert placed["product_defaults"] is False
+
+
+def test_laminar_runs_the_products_defaults_unless_told_otherwise(tmp_path):
+    """The headline is the product: the laminar recipe gets the workload and nothing of Laminar's (no laminar.*
+    override, no warm-up), and the recipe passes no warm-up of its own, so verl composes what a user gets."""
+    import os
+    import subprocess
+
+    from laminar_testing import REPO
+
     defaults = e2e.parse_args(["--out", str(tmp_path)])
-    assert e2e.mode_command("laminar", defaults)[0][-1] == "laminar.dispatch.groups_per_batch=4"
-    assert e2e.mode_command("laminar", defaults)[1]["WARMUP"] == str(e2e.LAMINAR_WARMUP)
+    cmd, env = e2e.mode_command("laminar", defaults)
+    assert cmd == ["bash", str(e2e.RECIPES / "run_laminar_grpo.sh")] and "WARMUP" not in env
+    placed = e2e.placement("laminar", defaults)
+    assert placed["product_defaults"] is True and placed["num_warmup_batches"] == 2 and "laminar_overrides" not in placed
+    recorder, out = tmp_path / "record.sh", tmp_path / "args"
+    recorder.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD_TO"\n')
+    recorder.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "MANIFEST.json").write_text("{}")
+    subprocess.run(cmd, env={**os.environ, **env, "PY": str(recorder), "RECORD_TO": str(out), "MODEL": str(model)},
+                   check=True, timeout=60, cwd=REPO)
+    argv = out.read_text().splitlines()
+    assert "+laminar=enabled" in argv
+    # only the explicit split (the devices) and the workload: no Laminar setting the user would not have
+    laminar_keys = [a for a in argv if a.startswith(("laminar.", "++trainer.v1.laminar", "trainer.v1.laminar"))]
+    assert laminar_keys == [], laminar_keys
     for bad in (["--laminar-set", "groups_per_batch"], ["--laminar-set", "=2"], ["--laminar-warmup", "0"]):
         with pytest.raises(SystemExit):
             e2e.parse_args(bad)

@@ -244,6 +244,11 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/policy/test_until_on_cpu.py::test_the_trainer_glue_ends_early_on_the_event_and_shuts_down_then_raises_on_the_bound",
         "tests/policy/test_until_on_cpu.py::test_the_time_bound_fails_the_run_naming_the_event_that_did_not_happen",
     ),
+    "laminar.run_until.min_steps": (
+        # the run trains at least this many steps of its own before it ends on its events
+        "tests/policy/test_until_on_cpu.py::test_min_steps_keeps_a_run_going_after_its_events",
+        "tests/policy/test_until_on_cpu.py::test_events_seen_before_the_last_fault_wait_for_the_step_after_it",
+    ),
     "laminar.metrics.staleness_histogram": (
         # false: no laminar/staleness/hist_<k>; the other staleness metrics stay
         "tests/test_metrics_on_cpu.py::test_staleness_histogram_off_leaves_out_the_bins_and_keeps_the_other_staleness_metrics",

@@ -27,7 +27,8 @@ def test_defaults_match_enabled_yaml():
     block = OmegaConf.load(ENABLED).laminar
     assert LaminarConfig.from_omegaconf(block) == LaminarConfig() == LaminarConfig.from_omegaconf(None)
     lam = LaminarConfig()
-    assert (lam.repack.c_max, lam.repack.interval_s, lam.repack.max_batch_b) == (0.99, 5.0, None)
+    assert (lam.repack.c_max, lam.repack.interval_s, lam.repack.max_batch_b) == (0.99, None, None)
+    assert lam.heartbeat.dead_after_s is None  # the platform's default, filled at start (config.platform_defaults)
     assert lam.buffer.max_staleness is None and lam.refresh.policy == "on_batch_end"
     assert lam.off_policy.correction == "clipped_token_ratio" and lam.relay.keep_versions == 2
 
@@ -181,8 +182,24 @@ def verl_like(**dotted) -> OmegaConf:
 
 
 def test_validate_and_migrate_accepts_the_enabled_defaults():
-    lam = validate_and_migrate(verl_like())
-    assert lam == dataclasses.replace(LaminarConfig(), replicas=4)
+    for on_cpu, interval, dead in ((False, 5.0, 5.0), (True, 1.0, 30.0)):
+        cfg = verl_like()
+        lam = validate_and_migrate(cfg, on_cpu=on_cpu)
+        base = LaminarConfig()
+        assert lam == dataclasses.replace(base, replicas=4,
+                                          repack=dataclasses.replace(base.repack, interval_s=interval),
+                                          heartbeat=dataclasses.replace(base.heartbeat, dead_after_s=dead))
+        # written into the run's config too: what the run used is on record
+        assert (cfg.laminar.repack.interval_s, cfg.laminar.heartbeat.dead_after_s) == (interval, dead)
+
+
+def test_platform_defaults_keep_what_the_user_set_and_check_the_filled_value():
+    cfg = verl_like(**{"laminar.repack.interval_s": 7.0, "laminar.heartbeat.dead_after_s": 12.0})
+    lam = validate_and_migrate(cfg, on_cpu=True)
+    assert (lam.repack.interval_s, lam.heartbeat.dead_after_s) == (7.0, 12.0)
+    # a filled default is checked like a given value: an interval above the platform's dead_after_s fails
+    with pytest.raises(LaminarConfigError, match="dead_after_s=5.0: must be greater than laminar.heartbeat.interval_s=6.0"):
+        validate_and_migrate(verl_like(**{"laminar.heartbeat.interval_s": 6.0}), on_cpu=False)
 
 
 CROSS_CHECKS = [

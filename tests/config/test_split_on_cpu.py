@@ -78,3 +78,33 @@ def test_a_model_whose_shape_is_unknown_is_refused_naming_the_override_keys(cpu_
     cfg = compose(cpu_sync_recipe + ["+laminar=enabled", f"actor_rollout_ref.model.path={tmp_path / 'nowhere'}"])
     with pytest.raises(SplitError, match="shape is unknown.*actor_rollout_ref.rollout.nnodes"):
         plan_for(cfg)
+
+
+def test_verl_checks_the_split_config_not_the_colocated_one(cpu_sync_recipe):
+    """main_ppo calls auto_set_device(config) and then validate_config(config): the patch splits in between, so a
+    3-GPU colocated recipe whose 32 samples do not divide over 3 ranks runs (its trainer gets 1 GPU), while verl
+    still refuses the same recipe without the flag; a sync config passes through untouched."""
+    import verl.utils.device as device
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from verl_laminar.patches import applied_patches
+
+    assert "laminar_split_before_validate" in applied_patches()  # applied at `import verl` (the plugin)
+
+    def main_ppo_checks(cfg) -> None:  # what verl's main_ppo.main does first, in its order
+        device.auto_set_device(cfg)
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+    three = [*cpu_sync_recipe, "trainer.n_gpus_per_node=3"]
+    with pytest.raises(AssertionError, match=r"real_train_batch_size \(32\) must be divisible by .* \(3\)"):
+        main_ppo_checks(compose(three))
+    sync = compose(three)
+    before = OmegaConf.to_container(sync)
+    with pytest.raises(AssertionError):
+        main_ppo_checks(sync)
+    assert _keys(sync) == tuple(OmegaConf.select(OmegaConf.create(before), k) for k in KEYS)  # untouched
+    cfg = compose([*three, "+laminar=enabled"])
+    main_ppo_checks(cfg)
+    assert _keys(cfg) == (False, 1, 1, 1, 2)
+    assert settings.prepare_config(cfg).replicas == 2  # the trainer keeps the split made before verl's checks

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_laminar.config.schema import LaminarConfig
+from verl_laminar.config.schema import LaminarConfig, LaminarConfigError
 from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.faults import plan_from_config
 from verl_laminar.policy.until import AwaitedEventMissing, RunUntil, StepFacts, earliest_end
@@ -71,6 +71,20 @@ def test_events_seen_before_the_last_fault_wait_for_the_step_after_it():
                                                             "kill_pool_after_step": 5}})
     assert earliest_end((f.step for f in plan_from_config(lam.fault_injection)), 2) == 6
     assert earliest_end((), 0) == 1
+    assert earliest_end((), 0, min_steps=3) == 3 and earliest_end((), 2, min_steps=3) == 5  # a resumed run's own
+    assert earliest_end((5,), 0, min_steps=3) == 6
+
+
+def test_min_steps_keeps_a_run_going_after_its_events():
+    lam = LaminarConfig.from_omegaconf({"run_until": {"events": ["every_replica_refreshed"], "min_steps": 3}})
+    u = glue.start(lam, [0, 1], 0, 10, (), started_s=0.0)  # laminar.run_until.min_steps through the trainer's glue
+    assert u.min_step == 3
+    assert not u.after_step(_facts(2, loaded={0: 1, 1: 1}), 1.0)  # the event happened at step 2
+    assert u.seen == {"every_replica_refreshed": 2}
+    assert u.after_step(_facts(3, loaded={0: 1, 1: 1}), 2.0)
+    assert glue.start(lam, [0, 1], 4, 10, (), started_s=0.0).min_step == 7  # resumed at step 4: 3 of its own
+    with pytest.raises(LaminarConfigError, match="laminar.run_until.min_steps=0: must be an integer >= 1"):
+        LaminarConfig.from_omegaconf({"run_until": {"min_steps": 0}})
     u = _until(["replacement_trained"], min_step=6)
     assert not u.after_step(_facts(5, {0, 2}), 1.0)  # seen, but the pool's kill after step 5 must show first
     assert u.after_step(_facts(6, {0}), 1.0)

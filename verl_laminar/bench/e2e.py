@@ -56,17 +56,12 @@ FULLY_ASYNC = ("not run: recipes/cpu/run_fully_async_grpo.sh starts it on the CP
                "checkpoint_engine.backend=laminar needs is started by the trainers registered in verl's v1 registry "
                "(laminar, separate_async_relays), which fully_async_policy's own entry point and FullyAsyncTrainer "
                "do not use (RelayUnavailableError: relay group 'laminar_relay_group' is not running)")
-# Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches) and its settings in this
-# benchmark (the --laminar-set defaults; a user's --laminar-set of the same key replaces one). Each replica takes
-# two steps' groups per batch (4 here, not the product's default of its share, 1): a CPU engine's decode step costs
-# a fixed part plus a part per sequence, so 16 sequences per batch amortise the fixed part better than 4, and one
-# weight refresh serves four times the tokens; the price is staleness (up to 7 versions in the probe below). Six
-# batches ahead keep both replicas fed with 4 groups each.
-# Probes, separate runs of the paper workload on a 2-core Intel Xeon (not side by side, so hints, not results):
-# on tiny-qwen, 150.9 tokens/s with the product's defaults and 3 ahead, 193.8 with 2 groups and 4 ahead; on
-# tiny-bpe, 788-881 with 2 groups and 4 ahead (two default benchmark runs), 1,098.7 with 4 groups and 6 ahead.
-LAMINAR_WARMUP = 6
-LAMINAR_SETTINGS = {"laminar.dispatch.groups_per_batch": "4"}
+# Laminar runs with the product's defaults: the laminar recipe with nothing but the workload, so the composed config
+# is what a user gets from +laminar=enabled with the same devices. Settings a user may try instead are passed with
+# --laminar-warmup / --laminar-set and recorded in the result's placement (never the headline's defaults). Until
+# 2026-12-05 this benchmark ran 4 groups per replica batch and 6 batches ahead, tuned on this workload: on tiny-bpe,
+# 788-881 tokens/s with 2 groups and 4 ahead, 1,098.7 with 4 and 6 (probes, not side by side).
+LAMINAR_SETTINGS: dict[str, str] = {}
 
 
 def placement(mode: str, args: argparse.Namespace) -> dict:
@@ -77,7 +72,10 @@ def placement(mode: str, args: argparse.Namespace) -> dict:
     out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False,
            "sampler_poll_s": poll}
     if mode == "laminar":
-        out["num_warmup_batches"] = args.laminar_warmup
+        from verl_laminar.config.prepare import RUNTIME_DEFAULTS, WARMUP_KEY
+
+        out["num_warmup_batches"] = args.laminar_warmup or RUNTIME_DEFAULTS[WARMUP_KEY]
+        out["product_defaults"] = args.laminar_warmup is None and not args.laminar_set
         if args.laminar_set:
             out["laminar_overrides"] = list(args.laminar_set)
     return out
@@ -109,7 +107,8 @@ def mode_command(mode: str, args: argparse.Namespace) -> tuple[list[str], dict[s
     if mode in ("laminar", "separate_async"):
         env["REPLICAS"], env["TRAINER_RANKS"] = str(args.replicas), str(args.trainer_ranks)
         if mode == "laminar":
-            env["WARMUP"] = str(args.laminar_warmup)
+            if args.laminar_warmup is not None:
+                env["WARMUP"] = str(args.laminar_warmup)
             return ["bash", str(RECIPES / "run_laminar_grpo.sh"), *args.laminar_set], env
         return ["bash", str(RECIPES / f"run_{mode}_grpo.sh"), *sampler_overrides(mode, args)], env
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
@@ -188,12 +187,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="training steps per run (the first is warm-up; default: the workload's)")
     for key in ("batch", "group", "resp", "micro"):
         ap.add_argument(f"--{key}", type=int, default=None, help=f"override the workload's {key}")
-    ap.add_argument("--laminar-warmup", type=int, default=LAMINAR_WARMUP,
-                    help="Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches)")
+    ap.add_argument("--laminar-warmup", type=int, default=None,
+                    help="Laminar's prompt batches ahead of the trainer (trainer.v1.laminar.num_warmup_batches; "
+                         "default: the product's)")
     ap.add_argument("--laminar-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Hydra override for the laminar mode only, e.g. laminar.cpu_priority=false (repeatable; "
-                         f"replaces a default of the same key, {LAMINAR_SETTINGS}; recorded in the result's "
-                         "placement)")
+                    help="a Hydra override for the laminar mode only, e.g. laminar.dispatch.groups_per_batch=4 "
+                         "(repeatable; recorded in the result's placement; default: none, the product's defaults)")
     ap.add_argument("--model", default=None,
                     help="model directory every mode trains and serves (default: the workload's fixture, built in "
                          "the fixture cache if missing)")
@@ -218,7 +217,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         key, _, value = kv.partition("=")
         merged[key.strip()] = value
     args.laminar_set = [f"{k}={v}" for k, v in merged.items()]
-    if args.laminar_warmup < 1:
+    if args.laminar_warmup is not None and args.laminar_warmup < 1:
         ap.error(f"--laminar-warmup {args.laminar_warmup}: need >= 1")
     if min(args.replicas, args.sync_ranks, args.trainer_ranks) < 1:
         ap.error(f"--replicas {args.replicas} / --sync-ranks {args.sync_ranks} / --trainer-ranks "

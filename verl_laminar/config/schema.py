@@ -73,12 +73,14 @@ class BufferConfig(Section):
 class RepackConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.repack"
     enabled: bool = True
-    interval_s: float = 5.0
+    interval_s: Optional[float] = None  # null: the platform's default (config.platform_defaults)
     c_max: float = 0.99
     max_batch_b: Optional[int] = None
 
     def __post_init__(self) -> None:
-        self._require("interval_s", self.interval_s > 0, "must be > 0 seconds; the paper repacks every 5.0 s")
+        self._require("interval_s", self.interval_s is None or self.interval_s > 0,
+                      "must be > 0 seconds, or null for the platform's default (5.0 s on GPUs, as the paper repacks; "
+                      "1.0 s on the CPU platform)")
         self._require("c_max", 0 < self.c_max <= 1, "must be in (0, 1]; the paper uses 0.99")
         self._require(
             "max_batch_b",
@@ -161,13 +163,13 @@ class PoolConfig(Section):
 class HeartbeatConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.heartbeat"
     interval_s: float = 1.0
-    dead_after_s: float = 5.0
+    dead_after_s: Optional[float] = None  # null: the platform's default (config.platform_defaults)
 
     def __post_init__(self) -> None:
         self._require("interval_s", self.interval_s > 0, "must be > 0 seconds, e.g. 1.0")
         self._require(
             "dead_after_s",
-            self.dead_after_s > self.interval_s,
+            self.dead_after_s is None or self.dead_after_s > self.interval_s,
             f"must be greater than {self._key('interval_s')}={self.interval_s!r}, or every rollout is declared "
             "dead between two heartbeats; use a few intervals, e.g. 5.0",
         )
@@ -254,6 +256,7 @@ class RunUntilConfig(Section):
     PATH: ClassVar[str] = f"{ROOT}.run_until"
     events: tuple[str, ...] = ()
     timeout_s: float = 1800.0
+    min_steps: int = 1
 
     def __post_init__(self) -> None:
         from verl_laminar.policy.until import EVENTS
@@ -264,6 +267,8 @@ class RunUntilConfig(Section):
         self._require("timeout_s", self.timeout_s > 0,
                       "must be > 0 seconds from the trainer's start (the run fails at the first step end after it "
                       "with an awaited event unseen), e.g. 1800")
+        self._require("min_steps", self.min_steps >= 1,
+                      "must be an integer >= 1: the steps this launch trains before it may end on its events")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_laminar.config import platform_defaults
 from verl_laminar.config.legacy_reward import check_legacy_reward_keys
 from verl_laminar.config.schema import LaminarConfig, LaminarConfigError
 
@@ -99,8 +100,9 @@ def check_off_policy(cfg: DictConfig, lam: LaminarConfig) -> None:
         )
 
 
-def validate_and_migrate(cfg: DictConfig) -> LaminarConfig:
-    """Start-up check for a ``+laminar=enabled`` run; mutates ``cfg`` only to migrate legacy reward keys.
+def validate_and_migrate(cfg: DictConfig, on_cpu: Optional[bool] = None) -> LaminarConfig:
+    """Start-up check for a ``+laminar=enabled`` run; mutates ``cfg`` only to migrate legacy reward keys and to
+    fill in the platform defaults (``platform_defaults``; ``on_cpu`` None: this process's platform decides).
 
     Returns the typed ``laminar`` block with ``replicas`` resolved to an integer.
     """
@@ -109,6 +111,11 @@ def validate_and_migrate(cfg: DictConfig) -> LaminarConfig:
     if node is None:
         raise LaminarConfigError("laminar=None: the config has no laminar block; add +laminar=enabled to the command")
     lam = LaminarConfig.from_omegaconf(node)
+    if on_cpu is None:
+        from verl_laminar.platform.cpu import cpu_platform_requested  # torch and verl: only when a run starts
+
+        on_cpu = cpu_platform_requested()
+    lam = platform_defaults.resolve(lam, on_cpu, cfg)
     check_checkpoint_engine(cfg)
     check_dispatch(cfg, lam)
     check_off_policy(cfg, lam)

@@ -113,11 +113,11 @@ class RunUntil:
                 + "); the run ends")
 
 
-def earliest_end(fault_steps: Iterable[int], start_step: int) -> int:
+def earliest_end(fault_steps: Iterable[int], start_step: int, min_steps: int = 1) -> int:
     """The first step a run may end at: the step after its last scheduled fault (its consequences show in that
-    step's records), and never before the first step it trains."""
+    step's records), and never before it trained ``min_steps`` steps of its own."""
     steps = list(fault_steps)
-    return max([start_step + 1, *(s + 1 for s in steps)])
+    return max([start_step + max(1, min_steps), *(s + 1 for s in steps)])
 
 
 def deadline(start_s: float, timeout_s: Optional[float]) -> float:

@@ -287,17 +287,25 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
     mode = trainer_mode(cfg)
     report.facts["trainer_mode"] = mode
     cpu_job = platform(report, cfg) if platform is not None else False
-    with _row(report, "verl.validate_config"):
-        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    with _row(report, "data.files"):
-        check_data_files(cfg)
     lam = None
     prepared = cfg
     if mode == "laminar":
+        # the trainer/rollout split of a colocated recipe, and why; verl checks the split config, as in a run
+        # (patches.laminar_split applies it before main_ppo's validate_config)
+        prepared = copy.deepcopy(cfg)
+        check_split(report, cfg)
+        if report.facts.get("split", {}).get("source") == "planned":
+            from verl_laminar.config.split import apply_split
+
+            apply_split(prepared)
+    with _row(report, "verl.validate_config"):
+        validate_config(config=prepared, use_reference_policy=need_reference_policy(prepared),
+                        use_critic=need_critic(prepared))
+    with _row(report, "data.files"):
+        check_data_files(cfg)
+    if mode == "laminar":
         from verl_laminar.config import prepare as settings
 
-        prepared = copy.deepcopy(cfg)
-        check_split(report, cfg)  # the trainer/rollout split of a colocated recipe, and why
         with _row(report, "laminar.config"):
             lam = settings.prepare_config(prepared)
             report.facts["parameter_sync_step"] = int(_get(prepared, settings.SYNC_STEP_KEY))

@@ -42,7 +42,7 @@ LAMINAR_AHEAD_BATCHES = 3
 GROUPS_PER_BATCH_KEY = "laminar.dispatch.groups_per_batch"
 E2E_PATTERN = "bench_e2e*_paper_*.json"  # bench.e2e --results under any --name
 E2E_SYSTEMS = {"laminar": "laminar", "sync": "sync", "sync_bypass": "sync_bypass", "separate_async": "separate_async"}
-# recipes/cpu/run_laminar_grpo.sh: repack on, a round every REPACK_INTERVAL (default 1.0) s
+# the CPU platform's default repack interval (config.platform_defaults): a round every 1.0 s
 E2E_REPACK_INTERVAL_S = 1.0
 # the batches whose longest response is averaged for the padded length (``batch_padded_len``)
 PADDED_LEN_DRAWS = 4096

@@ -30,7 +30,7 @@ def start(laminar: Any, replica_ids: Iterable[int], start_version: int, cap_step
     until = RunUntil(events=tuple(cfg.events), initial=frozenset(int(r) for r in replica_ids),
                      start_version=int(start_version), adopted_replica=ADOPTED_REPLICA, cap_step=int(cap_step),
                      deadline_s=deadline(started_s, cfg.timeout_s),
-                     min_step=earliest_end((f.step for f in fault_plan), int(start_version)))
+                     min_step=earliest_end((f.step for f in fault_plan), int(start_version), cfg.min_steps))
     logger.warning("laminar.run_until: the run ends once %s happened (no earlier than step %d), at step %d or %.0f s "
                    "after the trainer's start at the latest", ", ".join(until.events), until.min_step, cap_step,
                    cfg.timeout_s)
