@@ -50,9 +50,12 @@ def test_a_version_with_other_tensors_is_refused():
 
 
 def test_prediction_scales_the_share_to_the_papers_sizes():
-    p = ds.predict(0.02)
-    assert p["Qwen2.5-72B"]["whole_gb"] == pytest.approx(145.4, abs=0.1)
-    assert p["Qwen2.5-72B"]["ratio"] == pytest.approx((1 / 8 + 0.02 * 2) / 2, rel=1e-3)
+    p = ds.predict(0.02)["Qwen2.5-72B"]
+    assert p["whole_gb"] == pytest.approx(145.4, abs=0.1)
+    assert p["smallest"] == "coo" and p["ratio"] == pytest.approx(0.02 * 6 / 2, rel=1e-3)
+    p = ds.predict(0.3)["Qwen2.5-72B"]  # a third of the elements: the bitmap wins
+    assert p["smallest"] == "bitmap" and p["ratio"] == pytest.approx((1 / 8 + 0.3 * 2) / 2, rel=1e-3)
+    assert ds.predict(0.97)["Qwen2.5-72B"]["smallest"] == "whole"  # 1/8 + 2 x 0.97 > 2 bytes an element
 
 
 def test_the_layers_share_leaves_out_the_embedding():

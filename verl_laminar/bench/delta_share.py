@@ -8,7 +8,8 @@ as the relays would carry them: each floating-point tensor cast to the rollout's
 whose bf16 value changed and the bytes two sparse encodings would send against the whole version:
 
 * ``coo``: a 4-byte index and the 2-byte value of each changed element (smaller than whole below 1/3 changed);
-* ``bitmap``: one bit per element and the 2-byte value of each changed one (smaller below 7/16 changed).
+* ``bitmap``: one bit per element and the 2-byte value of each changed one (smaller than whole below 15/16
+  changed, smaller than ``coo`` above 1/32).
 
 Why the share is small at small learning rates: Adam moves each fp32 master weight by about ``lr`` a step, and
 its bf16 cast changes only when that crosses a rounding boundary, one bf16 spacing (2^-8 of the value's binade)
@@ -153,13 +154,15 @@ def measure_run(run_dir: Path, base: Path, dtype: str = "bfloat16") -> list[Pair
 
 
 def predict(share: float) -> dict:
-    """Bytes per version at the paper's sizes for a measured changed share (bf16 weights, the bitmap encoding)."""
+    """Bytes per version at the paper's sizes for a measured changed share (bf16 weights): each encoding, and the
+    smallest of them and the whole version (what ``laminar.relay.delta=auto`` would send)."""
     out = {}
     for model, params in PAPER_MODELS.items():
-        whole = params * VALUE_BYTES
-        delta = params * BITMAP_BITS_PER_ELEMENT / 8 + params * share * VALUE_BYTES
-        out[model] = {"whole_gb": round(whole / 1e9, 1), "bitmap_gb": round(delta / 1e9, 2),
-                      "ratio": round(delta / whole, 4)}
+        sizes = {"whole": params * VALUE_BYTES, "coo": params * share * COO_BYTES_PER_CHANGE,
+                 "bitmap": params * BITMAP_BITS_PER_ELEMENT / 8 + params * share * VALUE_BYTES}
+        best = min(sizes, key=sizes.get)
+        out[model] = {**{f"{k}_gb": round(v / 1e9, 2) for k, v in sizes.items()}, "smallest": best,
+                      "ratio": round(sizes[best] / sizes["whole"], 4)}
     return out
 
 
