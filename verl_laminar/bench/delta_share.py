@@ -124,8 +124,8 @@ def load(path: Path) -> dict:
     return {k: v for f in files for k, v in load_file(str(f)).items()}
 
 
-def untie(weights: dict) -> dict:
-    """verl's HF save writes ``lm_head.weight`` only when it is not tied; compare what both sides have."""
+def comparable(weights: dict) -> dict:
+    """The tensors a version carries: rotary ``inv_freq`` buffers (recomputed, never trained) left out."""
     return {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
 
 
@@ -143,10 +143,10 @@ def measure_run(run_dir: Path, base: Path, dtype: str = "bfloat16") -> list[Pair
     seq = versions(run_dir, base)
     if len(seq) < 2:
         raise RuntimeError(f"{run_dir}: no saved step to compare (trainer.save_freq=1 with hf_model saves)")
-    pairs, prev = [], untie(load(seq[0][1]))
+    pairs, prev = [], comparable(load(seq[0][1]))
     common = None
     for version, path in seq[1:]:
-        cur = untie(load(path))
+        cur = comparable(load(path))
         common = set(prev) & set(cur) if common is None else common
         pairs.append(compare({k: prev[k] for k in common}, {k: cur[k] for k in common}, version, dtype))
         prev = cur

@@ -166,12 +166,17 @@ def apply_split(cfg: DictConfig, device: Optional[tuple[DeviceSpec, str]] = None
         raise SplitError(f"{HYBRID_KEY}=True under +laminar=enabled: no trainer/rollout split of the "
                          f"{int(cfg.trainer.nnodes)} x {int(cfg.trainer.n_gpus_per_node)} GPUs fits: {e.reason}",
                          e.fix) from e
+    write_split(cfg, plan)
+    logger.info("laminar: %s=True (colocated recipe): split into %s; %s: %s", HYBRID_KEY, plan.why(),
+                OVERRIDE_HINT, " ".join(plan.split.overrides()))
+    return plan
+
+
+def write_split(cfg: DictConfig, plan: SplitPlan) -> None:
+    """verl's standalone keys for ``plan``."""
     s = plan.split
     with open_dict(cfg):
         for key, value in ((HYBRID_KEY, False), ("trainer.nnodes", s.trainer_nodes),
                            ("trainer.n_gpus_per_node", s.trainer_gpus_per_node), (f"{ROLLOUT}.nnodes", s.rollout_nodes),
                            (f"{ROLLOUT}.n_gpus_per_node", s.rollout_gpus_per_node)):
             OmegaConf.update(cfg, key, value, force_add=True)
-    logger.info("laminar: %s=True (colocated recipe): split into %s; %s: %s", HYBRID_KEY, plan.why(),
-                OVERRIDE_HINT, " ".join(s.overrides()))
-    return plan

@@ -293,11 +293,11 @@ def run_checks(cfg: DictConfig, opts: Optional[Options] = None,
         # the trainer/rollout split of a colocated recipe, and why; verl checks the split config, as in a run
         # (patches.laminar_split applies it before main_ppo's validate_config)
         prepared = copy.deepcopy(cfg)
-        check_split(report, cfg)
-        if report.facts.get("split", {}).get("source") == "planned":
-            from verl_laminar.config.split import apply_split
+        plan = check_split(report, cfg)
+        if plan is not None:
+            from verl_laminar.config.split import write_split
 
-            apply_split(prepared)
+            write_split(prepared, plan)
     with _row(report, "verl.validate_config"):
         validate_config(config=prepared, use_reference_policy=need_reference_policy(prepared),
                         use_critic=need_critic(prepared))

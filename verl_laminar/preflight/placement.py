@@ -4,28 +4,33 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Optional
 
 from omegaconf import DictConfig
 
 from verl_laminar.preflight.report import FAIL, OK, Report, _get, trainer_mode
 
+if TYPE_CHECKING:
+    from verl_laminar.config.split import SplitPlan
 
-def check_split(report: Report, cfg: DictConfig) -> None:
+
+def check_split(report: Report, cfg: DictConfig) -> Optional["SplitPlan"]:
     """The split ``+laminar=enabled`` makes of a colocated recipe's GPUs (or that the recipe's own stands), why,
-    and the keys that override it; a refusal (no split fits) fails with its reason and fix."""
+    and the keys that override it; a refusal (no split fits) fails with its reason and fix. Returns the plan (None:
+    the recipe's own split, or none fits)."""
     from verl_laminar.config.split import OVERRIDE_HINT, plan_for, user_split
     from verl_laminar.policy.split import SplitError
 
     if user_split(cfg):
         report.add("laminar.split", OK, "the recipe's own (actor_rollout_ref.rollout.nnodes / n_gpus_per_node)")
         report.facts["split"] = {"source": "recipe"}
-        return
+        return None
     try:
         plan = plan_for(cfg)
     except SplitError as e:
         report.add("laminar.split", FAIL, f"no split: {e.reason}", e.fix)
         report.facts["split"] = {"source": "refused", "reason": e.reason, "fix": e.fix}
-        return
+        return None
     s = plan.split
     report.add("laminar.split", OK, f"{plan.why()}; {OVERRIDE_HINT}: {' '.join(s.overrides())}")
     report.facts["split"] = {"source": "planned", "trainer_nodes": s.trainer_nodes,
@@ -33,6 +38,7 @@ def check_split(report: Report, cfg: DictConfig) -> None:
                              "rollout_gpus_per_node": s.rollout_gpus_per_node, "replicas": s.replicas,
                              "whole_nodes": s.whole_nodes, "trainer_floor": plan.trainer_floor,
                              "tried": [list(t) for t in s.tried], "overrides": s.overrides()}
+    return plan
 
 
 # ---- placement ----
