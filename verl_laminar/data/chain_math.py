@@ -30,6 +30,7 @@ import argparse
 import logging
 import math
 import random
+import re
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,43 @@ def solution_text(start: int, add: int, steps: int) -> str:
         total += add
     lines.append(f"Answer: {total}")
     return "\n".join(lines)
+
+
+# The warm start's teacher (``teacher_rows``): on a line whose addition carries and adds at least SLIP_MIN_ADD, it
+# drops the carry with probability SLIP (``47 + 5 = 42``) and goes on from the total it wrote. A model fitted to
+# it keeps that habit as a *policy* (the slip is the likelier token where it applies), not as shaky arithmetic:
+# greedy decoding then fails every problem with such a line (held-out ~0.4 at best), sampling drops the carry 60%
+# of the time, and GRPO has one shared habit to unlearn, with groups that mix right and wrong answers. A warm
+# start stopped half-way through SFT instead (the first design) was fragile: one GRPO step at lr 3e-4 broke its
+# arithmetic (greedy dev 0.40 -> 0.26, digits off by one), and at lr 1e-4 no mode improved it in 600 s.
+SLIP = 0.6
+SLIP_MIN_ADD = 5
+
+
+def teacher_text(start: int, add: int, steps: int, rng: random.Random, slip: float = SLIP) -> str:
+    """One worked solution as the imperfect teacher writes it (``slip`` 0: the gold ``solution_text``)."""
+    lines, total = [], start
+    for left in range(steps, 0, -1):
+        carries = total % 10 + add >= 10 and add >= SLIP_MIN_ADD
+        new = total + add - (10 if carries and rng.random() < slip else 0)
+        lines.append(f"{left}) {total} + {add} = {new}")
+        total = new
+    lines.append(f"Answer: {total}")
+    return "\n".join(lines)
+
+
+def teacher_rows(rows: list[dict], draws: int, seed: int = SEED, slip: float = SLIP) -> list[dict]:
+    """``draws`` copies of each row whose ``extra_info.solution`` is a teacher draw (seeded; the SFT corpus).
+    The grading fields are untouched: the gold answer stays the reward's ground truth."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        info = row["extra_info"]
+        start, add = (int(x) for x in re.match(r"Start at (\d+) and keep adding (\d+)\.", info["problem"]).groups())
+        for _ in range(draws):
+            text = teacher_text(start, add, int(info["steps"]), rng, slip)
+            out.append({**row, "extra_info": {**info, "solution": text}})
+    return out
 
 
 def _row(index: int, split: str, start: int, add: int, steps: int) -> dict:
