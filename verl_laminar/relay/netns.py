@@ -64,6 +64,12 @@ def plug(bridge_ns: str, port: str, ns: str, cidr: str) -> None:
     _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
 
 
+def set_port(bridge_ns: str, port: str, up: bool) -> None:
+    """The bridge's end of a veth up or down: down cuts the link the way a pulled cable does (carrier lost, the
+    far end's address and processes untouched)."""
+    _run(["ip", "-n", bridge_ns, "link", "set", port, "up" if up else "down"])
+
+
 def shape_egress(ns: str, dev: str, rate_mbit: float, delay_ms: float = 0.0) -> None:
     """htb at the link rate on ``dev``'s egress; small TCP packets (ACKs) in a priority class so they never queue
     behind this namespace's own outgoing bulk (a deep FIFO would stretch the upstream's ACK clock); netem delay
