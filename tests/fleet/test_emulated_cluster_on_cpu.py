@@ -4,9 +4,12 @@ a fresh node joins, and nothing the cluster made outlives it, also when the code
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -126,6 +129,39 @@ def test_sweep_removes_only_dead_owners_leftovers(tmp_path):
     finally:
         for name in made:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+_CRASHING_OWNER = """
+import json, sys, time
+from verl_laminar.fleet.emulated import EmulatedCluster
+from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
+c = EmulatedCluster(ClusterSpec(base_dir=sys.argv[1]), [NodeSpec("head")]).start()
+print(json.dumps({"id": c.id, "pidns": c.head.pidns}), flush=True)
+time.sleep(600)
+"""
+
+
+@needs_host
+@pytest.mark.e2e
+def test_sweep_ends_a_crashed_owners_cluster(tmp_path):
+    # the owner dies by SIGKILL (no finally, no atexit): its node keeps running until a later sweep
+    owner = subprocess.Popen([sys.executable, "-c", _CRASHING_OWNER, str(tmp_path)], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        made = json.loads(owner.stdout.readline() or "{}")
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert made, "the owner did not start its cluster"
+    try:
+        assert host.pidns_members(made["pidns"]) and _ours(made["id"])["netns"]
+        removed = host.sweep(str(tmp_path))
+        assert any(made["id"] in r for r in removed)
+        assert host.wait_gone(made["pidns"], 10.0) == []
+        assert _ours(made["id"]) == {"netns": [], "links": [], "mounts": [], "cgroups": []}
+        assert not (tmp_path / made["id"]).exists()
+    finally:
+        host.sweep(str(tmp_path))
 
 
 def test_names_and_specs():

@@ -151,6 +151,10 @@ class EmulatedCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def rss_bytes(self) -> dict[str, int]:
+        """{node: bytes resident in its processes} (see ``emulated_host.pidns_rss``)."""
+        return {name: host.pidns_rss(n.pidns) for name, n in self.nodes.items()}
+
     # ---------------------------------------------------------------- the driver's side
     @property
     def address(self) -> str:

@@ -59,6 +59,20 @@ def pidns_members(ns: str) -> list[int]:
     return out
 
 
+def pidns_rss(ns: str) -> int:
+    """Bytes resident in the processes of PID namespace ``ns`` (RSS summed: shared pages count once per process,
+    so an upper bound of what the node costs the host)."""
+    total = 0
+    for pid in pidns_members(ns):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended while read
+    return total
+
+
 def netns_members(ns: str) -> list[int]:
     res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     return [int(p) for p in res.stdout.split()] if res.returncode == 0 else []
