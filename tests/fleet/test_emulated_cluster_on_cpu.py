@@ -75,8 +75,11 @@ def test_three_nodes_kill_partition_add_and_nothing_left(tmp_path):
             assert where["pidns"] == c.nodes["w1"].pidns and where["pid"] < 10_000
             assert not Path(where["shm_file"]).exists(), "the node's /dev/shm is the host's"
             assert (c.nodes["w1"].folder / "tmp" / "ray").is_dir()  # its /tmp is the folder on disk
-            if c.cpu_control.kind == "v1":
-                assert (c.nodes["w1"].cgroup / "cpu.cfs_quota_us").read_text().strip() == "50000"
+            if c.cpu_control.kind != "shared":  # every process of the node was born in its cgroup
+                cg = c.nodes["w1"].cgroup
+                assert set(host.pidns_members(c.nodes["w1"].pidns)) <= {int(p) for p in (cg / "cgroup.procs").read_text().split()}
+                quota = (cg / ("cpu.max" if c.cpu_control.kind == "v2" else "cpu.cfs_quota_us")).read_text()
+                assert quota.split()[0] == "50000"
 
             # partition: w2 unreachable from the head while its processes run; heal: reachable again
             w2_pids = host.pidns_members(c.nodes["w2"].pidns)

@@ -170,7 +170,9 @@ class EmulatedCluster:
     def node_popen(self, name: str, cmd: list[str], env: Optional[dict] = None, **kw) -> subprocess.Popen:
         """Run ``cmd`` inside node ``name``'s network, PID, mount and UTS namespaces (and its cgroup, where any)."""
         node = self._node(name)
-        cwd = kw.pop("cwd", os.getcwd())  # the node's mount namespace shows the host's tree except /tmp
+        cwd = str(kw.pop("cwd", os.getcwd()))
+        if cwd == "/tmp" or cwd.startswith("/tmp/"):
+            cwd = "/"  # the node's mount namespace shows the host's tree except /tmp, which is its own
         enter = ["nsenter", "-t", str(node.init_pid), "-n", "-p", "-m", "-u", f"--wd={cwd}", "--"]
         if node.cgroup is not None:
             enter = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(node.cgroup / "cgroup.procs"), *enter]
