@@ -135,6 +135,8 @@ class RelayGroup:
         self._relay_options: dict[str, Any] = {}  # what spawn gave every relay; replacements get the same
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
+        self._joining = threading.Lock()  # one ensure_relay at a time: two replicas of one node get one relay
+        self._joined = 0
 
     # ---- membership ----
     def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: Optional[int] = None,
@@ -176,6 +178,24 @@ class RelayGroup:
             options = dict(self._relay_options)
         self.adopt(relay_id, node_id, spawn_relay(self.group, relay_id, node_id, node_ip, self.namespace, **options),
                    master=master)
+
+    def ensure_relay(self, node_id: str, node_ip: str) -> str:
+        """The live relay on ``node_id``, spawned there first (``spawn_replacement``, at the chain's tail) when there
+        is none: a node that joined after ``spawn``, or whose relay died. A replica reads each version from the
+        relay on its own machine; without one its worker finds no relay to read from."""
+        import uuid
+
+        with self._joining:
+            found = self.relay_on_node(node_id)
+            if found is not None:
+                return found
+            self._joined += 1
+            # unique in this run and across runs: a relay id names its host-memory store
+            relay_id = f"relayj{self._joined}-{uuid.uuid4().hex[:8]}"
+            self.spawn_replacement(relay_id, node_id, node_ip)
+            logger.warning("relay group %s: node %s had no live relay; spawned %s there (chain now %s)", self.group,
+                           node_id, relay_id, self._plan.relays if self._plan else ())
+            return relay_id
 
     def relay_options(self) -> dict[str, Any]:
         """The ``Relay`` options of this group's relays (for a relay started by hand, then ``adopt``-ed)."""
