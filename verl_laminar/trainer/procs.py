@@ -26,7 +26,11 @@ def replica_roots(replica: Any) -> list:
     from verl_laminar.fleet import node_procs
 
     refs = [node_procs.locate(a) for a in (replica.server, *replica.workers)]
-    node_procs.warm(r.node for r in refs)
+    try:
+        node_procs.warm(r.node for r in refs)
+    except Exception as e:  # noqa: BLE001 - a slow agent start must not fail the setup: the kill starts it then
+        logger.warning("laminar: replica %d: the process agents on its nodes did not answer yet (%r); a kill will "
+                       "wait for them", replica.replica_id, e)
     return refs
 
 
