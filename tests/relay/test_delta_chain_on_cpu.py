@@ -9,11 +9,18 @@ import time
 import numpy as np
 import pytest
 
+from verl_laminar.metrics import (
+    RELAY_DELTA_APPLIED,
+    RELAY_DELTA_FALLBACKS,
+    RELAY_DELTA_PUBLISHES,
+    RELAY_WHOLE_PUBLISHES,
+)
 from verl_laminar.policy.chain import ChainPlan
 from verl_laminar.relay import delta
 from verl_laminar.relay.delta_chain import KeptDelta
 from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.relay import Relay
+from verl_laminar.relay.verl_backend import delta_metrics
 
 SIZE = 1 << 20
 
@@ -125,6 +132,10 @@ def test_rejoining_relay_without_the_base_catches_up_whole(tmp_path, closing):
     view.release()
     assert relays[2].delta_stats()["fallback_no_base"] == 1 and relays[2].delta_stats()["applied"] == 0
     _eventually(lambda: relays[1].delta_stats()["bytes_whole_sent"] == 2 * SIZE)  # version 1 and the catch-up
+    # what the trainer logs: the counters summed over the relays (RelayGroup.delta_stats)
+    summed = {k: sum(r.delta_stats()[k] for r in relays) for k in relays[0].delta_stats()}
+    assert delta_metrics(summed) == {RELAY_DELTA_PUBLISHES: 2, RELAY_WHOLE_PUBLISHES: 1, RELAY_DELTA_APPLIED: 2,
+                                     RELAY_DELTA_FALLBACKS: 1}
     pub.close()
 
 
@@ -197,3 +208,22 @@ def test_damaged_delta_is_never_readable_and_the_whole_version_follows(tmp_path,
         assert s0["fallback_torn"] == 1
     _eventually(lambda: r0.delta_stats()["bytes_whole_sent"] == 2 * SIZE)  # version 1, then 2 whole after the bad delta
     pub.close()
+
+
+@pytest.mark.parametrize("yaml_value, delta_sent", [("auto", True), ("off", False)])
+def test_the_typed_key_sets_what_goes_down_the_chain(tmp_path, closing, yaml_value, delta_sent):
+    from omegaconf import OmegaConf
+
+    from verl_laminar.config import LaminarConfig
+
+    cfg = LaminarConfig.from_omegaconf(OmegaConf.create(f"relay:\n  delta: {yaml_value}\n"))
+    relays = [Relay(f"k{i}", root=str(tmp_path / f"k{i}"), io_timeout_s=5.0, delta=cfg.relay.delta) for i in range(2)]
+    closing += relays
+    _chain(relays)
+    pub = Publisher(LocalHandle(relays[0]))
+    v1 = os.urandom(SIZE)
+    _publish_and_check(pub, relays, 1, v1)
+    _publish_and_check(pub, relays, 2, _next(v1, 0.01, 2))
+    pub.close()
+    assert relays[1].delta_stats()["applied"] == int(delta_sent)
+    assert relays[1].timings(2)["bytes"] == (relays[0].kept_delta(2).manifest.total_bytes if delta_sent else SIZE)
