@@ -10,22 +10,39 @@ so that the relay class stays its control surface.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import threading
+from typing import Protocol
 
-from verl_laminar.relay.delta_chain import DigestMismatch, can_rebuild
+from verl_laminar.relay.delta_chain import DeltaBook, DigestMismatch, can_rebuild
 from verl_laminar.relay.inflight import InFlight
 from verl_laminar.relay.manifest import VersionManifest
-from verl_laminar.relay.store import RelayMemoryError, Staging, TornTransferError, VersionGoneError
+from verl_laminar.relay.store import RelayMemoryError, RelayStore, Staging, TornTransferError, VersionGoneError
 from verl_laminar.relay.transport import Channel, Frame, Kind, TransportError
 from verl_laminar.relay.verify import ChunkVerifier
-
-if TYPE_CHECKING:
-    from verl_laminar.relay.relay import Relay
 
 logger = logging.getLogger(__name__)
 
 
-def _begin(relay: "Relay", ch: Channel, m: VersionManifest):
+class Receiver(Protocol):
+    """What the receive path uses of the relay it receives for (``relay.Relay`` is one): its store and counters,
+    its condition guarding its in-flight versions, and its commit."""
+
+    relay_id: str
+    store: RelayStore
+    deltas: DeltaBook
+    verify_inline: bool
+    _closed: bool
+    _cond: threading.Condition
+    _inflight: dict[int, InFlight]
+
+    def _supersede(self, version: int) -> None: ...
+
+    def _memory_failure(self, version: int, err: RelayMemoryError) -> None: ...
+
+    def _commit(self, f: InFlight) -> None: ...
+
+
+def _begin(relay: Receiver, ch: Channel, m: VersionManifest):
     """The staging copy of ``m`` (``None``: answered already); called with the relay's condition held."""
     newest = relay.store.newest()
     if newest is not None and m.version <= newest:
@@ -47,7 +64,7 @@ def _begin(relay: "Relay", ch: Channel, m: VersionManifest):
         return None  # closing the connection makes the upstream retry: a transient shortage heals
 
 
-def receive(relay: "Relay", ch: Channel, m: VersionManifest) -> None:
+def receive(relay: Receiver, ch: Channel, m: VersionManifest) -> None:
     with relay._cond:
         staging = _begin(relay, ch, m)
         if staging is None:
