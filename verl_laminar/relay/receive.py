@@ -109,6 +109,9 @@ def receive(relay: Receiver, ch: Channel, m: VersionManifest) -> None:
             ch.send(Frame(Kind.WHOLE, version=m.version))
             raise TornTransferError(str(e)) from e
         ch.send(Frame(Kind.END, version=m.version))
+        if m.delta is not None:  # the delta's pages stay as a file for the downstream; the mapping goes, after a
+            ch.close()  # one-sided transport stopped accepting writes into it (a version's mapping stays warm instead)
+            staging.close()
     except (TransportError, TornTransferError, RelayMemoryError, IndexError, ValueError) as e:
         if verifier is not None:
             verifier.stop()

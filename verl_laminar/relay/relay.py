@@ -317,8 +317,7 @@ class Relay:
             self.store.abort(f.staging)
             return
         if f.manifest.delta is not None:
-            rebuild(self.store, f.staging)
-            f.staging.close()  # the delta's file stays: the downstream gets it next
+            rebuild(self.store, f.staging)  # the delta's file stays for the downstream (unmapped by ``receive``)
             kept = KeptDelta(f.manifest.with_checksums(f.staging.checksums), f.staging.path)
             self.deltas.count("applied")
         with self._cond:  # one step for waiters: a version they see readable has its memory error cleared
