@@ -29,7 +29,6 @@ from verl_laminar.relay.manifest import DeltaRef, VersionManifest
 from verl_laminar.relay.store import (
     RelayStore,
     Staging,
-    StoredVersion,
     StoreReader,
     TornTransferError,
     VersionGoneError,
@@ -131,10 +130,11 @@ def can_rebuild(store: RelayStore, m: VersionManifest) -> bool:
     return m.delta is not None and store.keep >= 2 and m.delta.base in store.versions()
 
 
-def rebuild(store: RelayStore, received: Staging) -> StoredVersion:
-    """Commit the version the delta in ``received`` (fully received and verified) rebuilds from this store's base.
+def rebuild(store: RelayStore, received: Staging) -> Staging:
+    """The version the delta in ``received`` (fully received and verified) rebuilds from this store's base, verified
+    against the master's digest, for the caller to commit (with its waiters' bookkeeping, in one step).
 
-    Raises ``DigestMismatch`` when the result is not the master's version (nothing is committed then), and
+    Raises ``DigestMismatch`` when the result is not the master's version (nothing is kept then), and
     ``VersionGoneError`` when the base was evicted meanwhile."""
     ref = received.manifest.delta
     bm, base = StoreReader(store.root).open(ref.base)
@@ -154,6 +154,6 @@ def rebuild(store: RelayStore, received: Staging) -> StoredVersion:
         except BaseException:
             store.abort(out)
             raise
-        return store.commit(out)
+        return out
     finally:
         base.release()

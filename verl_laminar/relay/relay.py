@@ -316,13 +316,13 @@ class Relay:
         if f.failed:
             self.store.abort(f.staging)
             return
+        staging = f.staging
         if f.manifest.delta is not None:
-            rebuild(self.store, f.staging)  # the delta's file stays for the downstream (unmapped by ``receive``)
+            staging = rebuild(self.store, f.staging)  # the delta's file stays for the downstream (``receive`` unmaps)
             kept = KeptDelta(f.manifest.with_checksums(f.staging.checksums), f.staging.path)
             self.deltas.count("applied")
         with self._cond:  # one step for waiters: a version they see readable has its memory error cleared
-            if f.manifest.delta is None:
-                self.store.commit(f.staging)
+            self.store.commit(staging)
             self.deltas.keep(kept)
             now = time.time()
             self._memory_error = None  # a version fitted again
