@@ -283,6 +283,10 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
 
     def _delta_metrics(self) -> dict[str, int]:
         """The group's delta counters (``delta_metrics``); none when the group does not answer in time."""
+        import ray
+
+        if not ray.is_initialized():  # no group without Ray, and asking for an actor would start a local Ray
+            return {}
         try:
             return delta_metrics(self._call(self._group().delta_stats.remote()))
         except Exception as e:  # noqa: BLE001 - metrics only: a slow or restarting group must not fail a publish
