@@ -142,7 +142,8 @@ class RelayGroup:
     def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: Optional[int] = None,
               keep_versions: int = KEEP_VERSIONS, chunk_mb: Optional[float] = None,
               link_bytes_per_s: Optional[float] = None, chunk_latency_s: Optional[float] = None,
-              transport: Optional[TransportSpec] = None, interface: Optional[str] = None) -> ChainPlan:
+              transport: Optional[TransportSpec] = None, interface: Optional[str] = None,
+              delta: Optional[str] = None) -> ChainPlan:
         """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan.
 
         ``chunks``: a fixed chunk count for every broadcast (tests, benchmarks); None lets each publish pick it
@@ -150,13 +151,14 @@ class RelayGroup:
         ``link_bytes_per_s`` / ``chunk_latency_s`` (None: the defaults in policy.chain). ``keep_versions``:
         laminar.relay.keep_versions, the copies of the model each relay holds at most. ``transport``:
         ``RelayConfig.transport_spec()`` (None: tcp); ``interface``: laminar.relay.interface, the NIC or address
-        each relay binds instead of its node ip (None: the node ip).
+        each relay binds instead of its node ip (None: the node ip). ``delta``: laminar.relay.delta (None: off).
         """
         import ray
 
         options: dict[str, Any] = {"keep_versions": keep_versions, "chunk_mb": chunk_mb, "auto_chunks": not chunks}
         options.update({k: v for k, v in (("link_bytes_per_s", link_bytes_per_s), ("chunk_latency_s", chunk_latency_s),
-                                          ("transport", transport), ("interface", interface)) if v is not None})
+                                          ("transport", transport), ("interface", interface), ("delta", delta))
+                        if v is not None})
         with self._lock:
             self._relay_options = dict(options)
         handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace, **options)
@@ -259,6 +261,22 @@ class RelayGroup:
     def events(self) -> list[dict]:
         with self._lock:
             return list(self._events)
+
+    def delta_stats(self, timeout_s: float = 2.0) -> dict[str, int]:
+        """``Relay.delta_stats`` summed over the chain's relays that answer within ``timeout_s`` (cumulative)."""
+        import ray
+
+        with self._lock:
+            refs = [self._actors[r].delta_stats.remote() for r in (self._plan.relays if self._plan else ())]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        total: dict[str, int] = {}
+        for ref in ready:
+            try:
+                for k, v in ray.get(ref).items():
+                    total[k] = total.get(k, 0) + v
+            except ray.exceptions.RayActorError:  # died since: its counts are gone with it
+                continue
+        return total
 
     # ---- failure handling ----
     def check(self) -> list[str]:

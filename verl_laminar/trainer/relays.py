@@ -89,17 +89,20 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     chunk_mb = relay.chunk_mb if relay is not None else None
     transport = relay.transport_spec() if relay is not None else None
     interface = relay.interface if relay is not None else None
+    delta = relay.delta if relay is not None else None
     # the chunk count of each broadcast comes from the cost model at the link rate the user states
     link_bytes_per_s = relay.link_gbps * 1e9 / 8 if relay is not None else None
     monitor = monitor_settings(heartbeat)
     group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name, **monitor)
     plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
-                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface))
+                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface,
+                                      delta=delta))
     ray.get(group.start_monitor.remote())
     logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
-                "interface %s, chain %s; monitor every %.1f s (a relay silent for %.1f s leaves the chain)", name,
-                len(nodes), len(alive), master, keep, chunk_mb, transport_label(transport), interface or "node address",
-                plan, monitor["monitor_interval_s"], monitor["ping_timeout_s"])
+                "interface %s, delta %s, chain %s; monitor every %.1f s (a relay silent for %.1f s leaves the chain)",
+                name, len(nodes), len(alive), master, keep, chunk_mb, transport_label(transport),
+                interface or "node address", delta or "off", plan, monitor["monitor_interval_s"],
+                monitor["ping_timeout_s"])
     return group
 
 
