@@ -55,6 +55,13 @@ RELAY_PUBLISH_S = "laminar/relay/publish_s"
 RELAY_VERSION = "laminar/relay/version"
 # publishes gathered in a private host copy before they reached the master relay (cumulative; should stay 0)
 RELAY_COLD_PUBLISHES = "laminar/relay/cold_publishes"
+# laminar.relay.delta, summed over the live relays (cumulative; the newest publish's delta is still being encoded):
+# versions the master sent as deltas / whole, versions relays rebuilt from a delta, and whole versions sent instead
+# of a delta (a relay without the base, a rebuild that failed the master's checksums, a failed delta push)
+RELAY_DELTA_PUBLISHES = "laminar/relay/delta_publishes"
+RELAY_WHOLE_PUBLISHES = "laminar/relay/whole_publishes"
+RELAY_DELTA_APPLIED = "laminar/relay/delta_applied"
+RELAY_DELTA_FALLBACKS = "laminar/relay/delta_fallbacks"
 
 # repack scheduler
 # every trained trajectory's version labels were checked (cumulative); a mixed one raises instead

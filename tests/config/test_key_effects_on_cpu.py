@@ -131,6 +131,14 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
         # a relay's host memory peak grows with it
         "tests/relay/test_relay_memory_on_cpu.py::test_receiving_store_peak_is_the_formula",
     ),
+    "laminar.relay.delta": (
+        # the typed key sets each relay's mode: auto sends a sparse change as a delta that every relay rebuilds
+        # exactly, off sends it whole; a bare `off` in a YAML file (a boolean to YAML 1.1) means off
+        "tests/relay/test_delta_chain_on_cpu.py::test_the_typed_key_sets_what_goes_down_the_chain",
+        "tests/relay/test_delta_chain_on_cpu.py::test_deltas_rebuild_every_version_exactly",
+        # auto still sends whole versions when the change is dense
+        "tests/relay/test_delta_chain_on_cpu.py::test_dense_change_and_off_mode_send_whole_versions",
+    ),
     "laminar.relay.link_gbps": (
         # the modelled broadcast time, hence the refresh deadlines, falls with the link speed
         "tests/policy/test_timeouts_on_cpu.py::test_broadcast_time_grows_with_size_and_chain_length_and_falls_with_link_speed",

@@ -70,6 +70,8 @@ BAD_VALUES = [
     ({"relay.interface": "ib 0"}, "laminar.relay.interface='ib 0': must be null"),
     ({"relay.interface": 3}, "laminar.relay.interface=3: must be of type str, got int"),
     ({"relay.keep_versions": 0}, "laminar.relay.keep_versions=0: must be >= 1"),
+    ({"relay.delta": "on"}, "laminar.relay.delta='on': must be one of 'off', 'auto'"),
+    ({"relay.delta": True}, "laminar.relay.delta=True: must be one of 'off', 'auto'"),
     ({"relay.chunk_mb": -1}, "laminar.relay.chunk_mb=-1.0: must be null (chunk count from the broadcast"),
     ({"relay.link_gbps": 0}, "laminar.relay.link_gbps=0.0: must be > 0 Gbit/s"),
     ({"relay.link_gbps": "fast"}, "laminar.relay.link_gbps='fast': must be of type float, got str"),

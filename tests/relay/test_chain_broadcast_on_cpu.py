@@ -24,9 +24,15 @@ def spec(request):
     return TransportSpec(request.param)
 
 
+@pytest.fixture(params=["off", "auto"], ids=lambda d: f"delta_{d}")
+def delta_mode(request):
+    return request.param
+
+
 @pytest.fixture
-def chain(tmp_path, spec):
-    relays = [Relay(f"r{i}", root=str(tmp_path / f"r{i}"), io_timeout_s=5.0, transport=spec) for i in range(4)]
+def chain(tmp_path, spec, delta_mode):
+    relays = [Relay(f"r{i}", root=str(tmp_path / f"r{i}"), io_timeout_s=5.0, transport=spec, delta=delta_mode)
+              for i in range(4)]
     addrs = {r.relay_id: r.address() for r in relays}
     plan = ChainPlan(relays=tuple(addrs), chunks=8)
     for r in relays:
@@ -40,12 +46,15 @@ def _sha(b):
     return hashlib.sha256(b).hexdigest()
 
 
-def test_versions_reach_every_relay_in_chunks(chain, spec):
+def test_versions_reach_every_relay_in_chunks(chain, spec, delta_mode):
     assert all(r.transport.name == spec.kind for r in chain)
     pub = Publisher(LocalHandle(chain[0]))
     pub.prepare(1 << 20)
+    data = os.urandom(1 << 20)
     for v in (1, 2, 3, 4):  # from the third on, every relay receives into an evicted version's pages
-        data = os.urandom(1 << 20)
+        # with deltas: each version changes one byte in 128 of the last (sparse, so it goes as a delta)
+        data = bytes(b ^ (i % 128 == v) for i, b in enumerate(data)) if delta_mode == "auto" and v > 1 else (
+            os.urandom(1 << 20))
         pub.publish_bytes(v, data)
         for r in chain:
             assert r.wait_version(v, 10)
@@ -55,6 +64,7 @@ def test_versions_reach_every_relay_in_chunks(chain, spec):
     pub.close()
     assert all(r.versions() == [3, 4] for r in chain)
     assert all(r.timings(4)["source"] != "publish" for r in chain[1:])
+    assert [r.delta_stats()["applied"] for r in chain[1:]] == [3 if delta_mode == "auto" else 0] * 3
 
 
 def test_chunks_are_pipelined(tmp_path):

@@ -3,7 +3,9 @@ every survivor.
 
 Three setups: relays on loopback with paced TCP sends (where the rollout's fallback pull to its upstream is also
 checked), and relays in network namespaces on tc-shaped links over each transport. Pacing exists only for TCP; a
-shaped link is the only way to slow Mooncake's data path, so that the kill lands mid-broadcast for it too.
+shaped link is the only way to slow Mooncake's data path, so that the kill lands mid-broadcast for it too. Over TCP
+each runs with laminar.relay.delta off and auto: with auto the next version goes down the rebuilt chain as a delta
+that every survivor rebuilds exactly.
 """
 
 import hashlib
@@ -38,11 +40,14 @@ SETUPS = {
     "netns-mooncake": Setup(True, "mooncake", 16, 2.0),
 }
 LINK_MBIT = 160
+# (setup, laminar.relay.delta); mooncake's data path does not change with deltas, so it runs once
+CASES = [(name, delta) for name in SETUPS for delta in ("off", "auto") if delta == "off" or SETUPS[name].transport == "tcp"]
 
 
-@pytest.fixture(params=list(SETUPS))
+@pytest.fixture(params=CASES, ids=[f"{n}-delta_{d}" for n, d in CASES])
 def relays(request, tmp_path):
-    setup = SETUPS[request.param]
+    name, delta = request.param
+    setup = SETUPS[name]
     bed: Optional[NetnsTestbed] = NetnsTestbed(4, LINK_MBIT, prefix=f"lmk{os.getpid() % 10000}") if setup.netns else None
     if bed is not None:
         bed.up()
@@ -51,10 +56,10 @@ def relays(request, tmp_path):
         for i in range(4):
             net = {"host": bed.ip(i), "netns": bed.ns(i)} if bed else {"rate_bytes_per_s": 24 * MB}
             procs.append(RelayProcess(f"r{i}", root=str(tmp_path / f"store{i}"), control=str(tmp_path / f"ctl{i}.sock"),
-                                      io_timeout_s=10.0, transport=TransportSpec(setup.transport), **net))
+                                      io_timeout_s=10.0, transport=TransportSpec(setup.transport), delta=delta, **net))
         for p in procs:
             p.wait_ready()
-        yield setup, procs
+        yield setup, procs, delta
     finally:
         for p in procs:
             p.stop()
@@ -67,7 +72,7 @@ def _sha(b) -> str:
 
 
 def test_kill_relay_mid_broadcast(relays):
-    setup, procs = relays
+    setup, procs, delta = relays
     by_id = {p.relay_id: p for p in procs}
     addrs = {p.relay_id: tuple(p.call("address")) for p in procs}
     plan = ChainPlan(relays=plan_chain(addrs, master="r0").relays, chunks=setup.size_mb)
@@ -103,10 +108,19 @@ def test_kill_relay_mid_broadcast(relays):
         m, view, src = client.get(1)
         assert src == "r1" and m.version == 1 and _sha(view) == _sha(v1)
 
-    # the next version still reaches every survivor; the previous one stays readable
-    v2 = os.urandom(2 * MB)
+    # the next version still reaches every survivor; the previous one stays readable. With deltas it is version 1
+    # with 1% of its bf16-sized words changed (the paper's learning rate), which goes as a delta
+    if delta == "auto":
+        words = bytearray(v1)
+        for i in range(0, len(words), 200):
+            words[i] ^= 1
+        v2 = bytes(words)
+    else:
+        v2 = os.urandom(2 * MB)
     publish_bytes(by_id["r0"], 2, v2)
     for rid in ("r0", "r1", "r3"):
         assert by_id[rid].call("wait_version", 2, 30.0)
         assert by_id[rid].call("versions") == [1, 2]
         assert by_id[rid].call("hash_version", 2) == _sha(v2)
+    applied = [by_id[rid].call("delta_stats")["applied"] for rid in ("r1", "r3")]
+    assert applied == ([1, 1] if delta == "auto" else [0, 0])

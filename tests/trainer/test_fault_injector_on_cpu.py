@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from verl_laminar.config.schema import FaultInjectionConfig, LaminarConfig
+from verl_laminar.fleet import node_procs
 from verl_laminar.trainer import faults as tf
 from verl_laminar.trainer import procs
 
@@ -70,9 +71,13 @@ class _Server:
 def fakes(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
     killed, signalled = [], []
-    monkeypatch.setattr(procs, "replica_pids", lambda r: [100 + r.replica_id])
+    monkeypatch.setattr(procs, "replica_roots", lambda r: [100 + r.replica_id])
     monkeypatch.setattr(procs, "kill_replica", lambda r, pids, hang=False: killed.append((r.replica_id, pids, hang)))
-    monkeypatch.setattr(procs, "pid_of", lambda actor: 4242)
+    # the pool's process, located and SIGKILLed on its node (``fleet.node_procs``): recorded as a signal to PID 4242
+    pool_ref = SimpleNamespace(node="n1", pidns="pid:[1]", pid=4242, started=1.0)
+    monkeypatch.setattr(procs, "kill_actor_process", lambda actor: (signalled.append((4242, signal.SIGKILL)),
+                                                                    (pool_ref, [{"pid": 4242, "state": "gone"}]))[1])
+    monkeypatch.setattr(node_procs, "locate", lambda actor, timeout_s=None: pool_ref)
     monkeypatch.setattr(tf.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
     monkeypatch.setattr(tf.logging, "shutdown", lambda: None)
     router, pool = _Router(), _Pool()
@@ -172,12 +177,12 @@ def test_a_replica_that_dies_before_its_pids_are_found_is_no_target_and_the_trai
             raise RuntimeError("ActorDiedError: the replica was ended (release of a dead replica)")
         return [100 + r.replica_id]
 
-    monkeypatch.setattr(procs, "replica_pids", pids)
+    monkeypatch.setattr(procs, "replica_roots", pids)
     inj = _injector(fakes, "4:replica_kill")
     inj.strike(4)  # does not raise
     inj.land_armed()
     assert fakes.killed == [(1, [101], False)]  # the one that could be struck
-    monkeypatch.setattr(procs, "replica_pids", lambda r: (_ for _ in ()).throw(RuntimeError("gone")))
+    monkeypatch.setattr(procs, "replica_roots", lambda r: (_ for _ in ()).throw(RuntimeError("gone")))
     inj = _injector(fakes, "5:replica_kill")
     inj.strike(5)  # every target gone: skipped, logged
     inj.land_armed()

@@ -99,6 +99,7 @@ class RelayConfig(Section):
     chunk_mb: Optional[float] = None
     keep_versions: int = 2
     link_gbps: float = 10.0
+    delta: Literal["off", "auto"] = "auto"
 
     def __post_init__(self) -> None:
         self._check_transport()

@@ -62,6 +62,8 @@ def coerce(hint: Any, value: Any, key: str) -> Any:
             fail(key, value, f"must be a list, got {type(value).__name__}")
         return tuple(coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is Literal:
+        if isinstance(value, bool) and ("on" if value else "off") in args:
+            value = "on" if value else "off"  # YAML 1.1 reads a bare off/on in a config file as a boolean
         if value not in args:
             fail(key, value, f"must be one of {', '.join(map(repr, args))}")
         return value

@@ -33,7 +33,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ensure_token() -> None:
+def ensure_token() -> None:
     """The cluster and its jobs authenticate with Ray's token (``ray start`` turns it on only where a token exists,
     and a client given an explicit address does not assume it): create the default one if this host has none, as
     Ray's own first ``ray.init()`` does."""
@@ -64,7 +64,7 @@ def local_cluster(gpus: int, cpus: int = 16, start_timeout_s: float = 120.0) -> 
     the CPU platform."""
     port = _free_port()
     address = f"{_node_ip()}:{port}"
-    _ensure_token()
+    ensure_token()
     env = {**os.environ, **CPU_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     # Ray rewrites a loopback address to the host's own (resolve_ip_for_localhost): the head listens there

@@ -43,7 +43,3 @@ def renice_tree(pid: int, niceness: int) -> dict[str, int]:
             continue
     return {"processes": procs, "threads": threads}
 
-
-def current_pid() -> int:
-    """Run inside an actor through ``__ray_call__`` to learn its process id."""
-    return os.getpid()

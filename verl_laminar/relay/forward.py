@@ -9,6 +9,10 @@ rejected this transfer, e.g. a bad chunk, and gets it again). The forwarder drop
 (``rebuild_chain``, pure), records the event, tells the observer (the relay group), and pushes the
 newest version from chunk 0 to the new downstream (the dead relay's own downstream). A torn source
 (``Superseded``) restarts the push with whatever replaced it.
+
+Deltas (``relay/delta_chain.py``): a version this relay holds as a delta (in flight, or kept after its rebuild) goes
+as that delta. A downstream that answers ``WHOLE`` (no base there, or its rebuild failed the digest), or whose delta
+push failed while it is alive, gets that version whole next, once this relay has committed it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import time
 from typing import Callable, Optional, Protocol
 
 from verl_laminar.policy.chain import ChainPlan, rebuild_chain
+from verl_laminar.relay.delta_chain import DeltaBook, KeptDelta
 from verl_laminar.relay.inflight import InFlight, Superseded
+from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.store import RelayStore, StoreReader, VersionGoneError
 from verl_laminar.relay.transport import Frame, Kind, Transport, TransportError
 
@@ -33,6 +39,7 @@ class ForwardSource(Protocol):
     store: RelayStore
     transport: Transport
     io_timeout_s: float
+    deltas: DeltaBook
 
     def newest_source(self) -> Optional[tuple[int, Optional[InFlight]]]:
         """The newest version to forward and its transfer if still in flight (called with the condition held)."""
@@ -40,6 +47,10 @@ class ForwardSource(Protocol):
     def reader(self) -> StoreReader: ...
 
     def record_event(self, event: dict) -> None: ...
+
+    def kept_delta(self, version: int) -> Optional[KeptDelta]: ...
+
+    def wait_version(self, version: int, timeout_s: float = 60.0) -> bool: ...
 
 
 class Forwarder:
@@ -56,6 +67,8 @@ class Forwarder:
         self._sent: dict[str, int] = {}  # downstream id -> newest version it acknowledged
         self._pending_rebuild: Optional[dict] = None
         self._failures: dict[str, int] = {}  # downstream id -> consecutive failed pushes while it was alive
+        self._whole: dict[str, int] = {}  # downstream id -> version it gets whole, not as a delta
+        self._delta_push = False  # the push under way sends a delta
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"relay-{relay.relay_id}-forward", daemon=True)
         self._thread.start()
@@ -103,6 +116,9 @@ class Forwarder:
                 if self._closed:
                     return
                 if self._alive(d):  # it rejected this transfer (e.g. a bad chunk) but is there: retry
+                    if self._delta_push:  # never retry a delta: the whole version cannot depend on a base
+                        self._whole[d] = version
+                        self.relay.deltas.count("fallback_torn")
                     n = self._failures[d] = self._failures.get(d, 0) + 1
                     logger.warning("relay %s: push of v%d to live %s failed (%s), retry %d", self.relay.relay_id,
                                    version, d, e, n)
@@ -112,14 +128,24 @@ class Forwarder:
             except (Superseded, VersionGoneError, FileNotFoundError) as e:
                 logger.debug("relay %s: restarting push of v%d to %s: %s", self.relay.relay_id, version, d, e)
 
+    def _source(self, d: str, version: int, inflight: Optional[InFlight]) -> tuple[VersionManifest, str, bool]:
+        """(manifest, file, from ``inflight``) of what ``d`` gets for ``version``: the transfer in flight, else the
+        kept delta, else the committed version; the whole version when ``d`` asked for it (once rebuilt here)."""
+        relay = self.relay
+        whole = self._whole.get(d) == version
+        if inflight is not None and not (whole and inflight.manifest.delta is not None):
+            return inflight.manifest, inflight.path, True
+        kept = None if whole else relay.kept_delta(version)
+        if kept is not None:
+            return kept.manifest, kept.path, False
+        if inflight is not None and not relay.wait_version(version, relay.io_timeout_s):
+            raise Superseded(f"version {version} was not rebuilt here within {relay.io_timeout_s}s")
+        return relay.reader().manifest(version), relay.store.get(version).path, False
+
     def _push(self, d: str, version: int, inflight: Optional[InFlight]) -> None:
         relay = self.relay
-        if inflight is not None:
-            manifest = inflight.manifest
-            path = inflight.path
-        else:
-            manifest = relay.reader().manifest(version)
-            path = relay.store.get(version).path
+        manifest, path, live = self._source(d, version, inflight)
+        self._delta_push = manifest.delta is not None
         file = open(path, "rb", buffering=0)  # our own handle: valid across the staging -> version rename
         ch = relay.transport.connect(self.addresses[d], timeout=relay.io_timeout_s)
         try:
@@ -131,18 +157,25 @@ class Forwarder:
                 ch.bind_peer(ch.recv_payload(reply.length) if reply.length else b"")  # one-sided: its buffer
                 t0 = time.time()
                 for i in range(manifest.num_chunks):
-                    crc = inflight.wait_chunk(i, relay.io_timeout_s) if inflight else manifest.checksums[i]
+                    crc = inflight.wait_chunk(i, relay.io_timeout_s) if live else manifest.checksums[i]
                     off, length = manifest.chunk_span(i)
                     ch.send_file(Frame(Kind.CHUNK, version=version, index=i, crc=crc), file, off, length)
                 ch.send(Frame(Kind.END, version=version))
-                if ch.recv_header().kind != Kind.END:
+                reply = ch.recv_header()
+                if reply.kind == Kind.END:
+                    relay.deltas.count("bytes_delta_sent" if self._delta_push else "bytes_whole_sent",
+                                       manifest.total_bytes)
+                    relay.record_event({"event": "forwarded", "to": d, "version": version, "t_start": t0,
+                                        "t_end": time.time(), "delta": self._delta_push})
+                elif reply.kind != Kind.WHOLE:
                     raise TransportError(f"downstream {d} did not confirm version {version}")
-                relay.record_event({"event": "forwarded", "to": d, "version": version, "t_start": t0,
-                                    "t_end": time.time()})
-            elif reply.kind != Kind.SKIP:
+            elif reply.kind not in (Kind.SKIP, Kind.WHOLE):
                 raise TransportError(f"downstream {d} answered BEGIN with kind {reply.kind}")
             with self._cond:
-                self._sent[d] = max(self._sent.get(d, -1), version)
+                if reply.kind == Kind.WHOLE:  # its base is missing or its rebuild failed: the next push is whole
+                    self._whole[d] = version
+                else:
+                    self._sent[d] = max(self._sent.get(d, -1), version)
         finally:
             ch.close()
             file.close()

@@ -135,12 +135,15 @@ class RelayGroup:
         self._relay_options: dict[str, Any] = {}  # what spawn gave every relay; replacements get the same
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
+        self._joining = threading.Lock()  # one ensure_relay at a time: two replicas of one node get one relay
+        self._joined = 0
 
     # ---- membership ----
     def spawn(self, nodes: dict[str, tuple[str, str]], master: Optional[str] = None, chunks: Optional[int] = None,
               keep_versions: int = KEEP_VERSIONS, chunk_mb: Optional[float] = None,
               link_bytes_per_s: Optional[float] = None, chunk_latency_s: Optional[float] = None,
-              transport: Optional[TransportSpec] = None, interface: Optional[str] = None) -> ChainPlan:
+              transport: Optional[TransportSpec] = None, interface: Optional[str] = None,
+              delta: Optional[str] = None) -> ChainPlan:
         """Start relays: ``nodes`` maps relay id -> (node id, node ip). Returns the chain plan.
 
         ``chunks``: a fixed chunk count for every broadcast (tests, benchmarks); None lets each publish pick it
@@ -148,13 +151,14 @@ class RelayGroup:
         ``link_bytes_per_s`` / ``chunk_latency_s`` (None: the defaults in policy.chain). ``keep_versions``:
         laminar.relay.keep_versions, the copies of the model each relay holds at most. ``transport``:
         ``RelayConfig.transport_spec()`` (None: tcp); ``interface``: laminar.relay.interface, the NIC or address
-        each relay binds instead of its node ip (None: the node ip).
+        each relay binds instead of its node ip (None: the node ip). ``delta``: laminar.relay.delta (None: off).
         """
         import ray
 
         options: dict[str, Any] = {"keep_versions": keep_versions, "chunk_mb": chunk_mb, "auto_chunks": not chunks}
         options.update({k: v for k, v in (("link_bytes_per_s", link_bytes_per_s), ("chunk_latency_s", chunk_latency_s),
-                                          ("transport", transport), ("interface", interface)) if v is not None})
+                                          ("transport", transport), ("interface", interface), ("delta", delta))
+                        if v is not None})
         with self._lock:
             self._relay_options = dict(options)
         handles = {rid: spawn_relay(self.group, rid, nid, ip, self.namespace, **options)
@@ -176,6 +180,24 @@ class RelayGroup:
             options = dict(self._relay_options)
         self.adopt(relay_id, node_id, spawn_relay(self.group, relay_id, node_id, node_ip, self.namespace, **options),
                    master=master)
+
+    def ensure_relay(self, node_id: str, node_ip: str) -> str:
+        """The live relay on ``node_id``, spawned there first (``spawn_replacement``, at the chain's tail) when there
+        is none: a node that joined after ``spawn``, or whose relay died. A replica reads each version from the
+        relay on its own machine; without one its worker finds no relay to read from."""
+        import uuid
+
+        with self._joining:
+            found = self.relay_on_node(node_id)
+            if found is not None:
+                return found
+            self._joined += 1
+            # unique in this run and across runs: a relay id names its host-memory store
+            relay_id = f"relayj{self._joined}-{uuid.uuid4().hex[:8]}"
+            self.spawn_replacement(relay_id, node_id, node_ip)
+            logger.warning("relay group %s: node %s had no live relay; spawned %s there (chain now %s)", self.group,
+                           node_id, relay_id, self._plan.relays if self._plan else ())
+            return relay_id
 
     def relay_options(self) -> dict[str, Any]:
         """The ``Relay`` options of this group's relays (for a relay started by hand, then ``adopt``-ed)."""
@@ -239,6 +261,22 @@ class RelayGroup:
     def events(self) -> list[dict]:
         with self._lock:
             return list(self._events)
+
+    def delta_stats(self, timeout_s: float = 2.0) -> dict[str, int]:
+        """``Relay.delta_stats`` summed over the chain's relays that answer within ``timeout_s`` (cumulative)."""
+        import ray
+
+        with self._lock:
+            refs = [self._actors[r].delta_stats.remote() for r in (self._plan.relays if self._plan else ())]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        total: dict[str, int] = {}
+        for ref in ready:
+            try:
+                for k, v in ray.get(ref).items():
+                    total[k] = total.get(k, 0) + v
+            except ray.exceptions.RayActorError:  # died since: its counts are gone with it
+                continue
+        return total
 
     # ---- failure handling ----
     def check(self) -> list[str]:

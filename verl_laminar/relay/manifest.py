@@ -40,6 +40,15 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class DeltaRef:
+    """What a delta transfer rebuilds: ``target`` (the whole version's manifest, its per-chunk CRCs being the digest
+    the rebuilt bytes must match) from the receiver's own ``base`` version and the transfer's bytes (relay/delta.py)."""
+
+    base: int
+    target: "VersionManifest"
+
+
+@dataclass(frozen=True)
 class VersionManifest:
     version: int
     total_bytes: int
@@ -47,6 +56,8 @@ class VersionManifest:
     tensors: tuple[TensorEntry, ...] = ()
     tp_size: int = 1
     checksums: tuple[int, ...] = field(default=())  # one CRC32 per chunk once known, else empty
+    # set on a delta transfer: the bytes (total_bytes, chunks, checksums) are the delta, never a readable version
+    delta: Optional[DeltaRef] = None
 
     def __post_init__(self) -> None:
         if int(self.version) != self.version or self.version < 0:
@@ -90,13 +101,16 @@ class VersionManifest:
         return tuple(t for t in self.tensors if t.rank is None or t.rank == rank)
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d["tensors"] = [asdict(t) for t in self.tensors]
-        return json.dumps(d, separators=(",", ":"))
+        return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "VersionManifest":
-        d = json.loads(text)
+        return cls._from_dict(json.loads(text))
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "VersionManifest":
+        if d.get("delta") is not None:
+            d["delta"] = DeltaRef(base=int(d["delta"]["base"]), target=cls._from_dict(d["delta"]["target"]))
         d["tensors"] = tuple(
             TensorEntry(**{**t, "shape": tuple(t["shape"])}) for t in d.get("tensors", ())
         )

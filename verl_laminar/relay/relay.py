@@ -27,10 +27,12 @@ from typing import Callable, Optional
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, DEFAULT_LINK_BYTES_PER_S, ChainPlan, broadcast_chunks
 from verl_laminar.relay import probe
 from verl_laminar.relay.client import serve_pull
+from verl_laminar.relay.delta_chain import DeltaBook, KeptDelta, rebuild
 from verl_laminar.relay.forward import Forwarder
 from verl_laminar.relay.inflight import InFlight
 from verl_laminar.relay.interface import interface_address
 from verl_laminar.relay.manifest import VersionManifest
+from verl_laminar.relay.receive import receive
 from verl_laminar.relay.store import (
     KEEP_VERSIONS,
     RelayMemoryError,
@@ -42,7 +44,6 @@ from verl_laminar.relay.store import (
 )
 from verl_laminar.relay.transport import NEWEST, Channel, Frame, Kind, Transport, TransportError
 from verl_laminar.relay.transport_spec import TransportSpec
-from verl_laminar.relay.verify import ChunkVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +67,14 @@ class Relay:
         interface: Optional[str] = None,
         verify_inline: bool = False,
         recycle: bool = True,
+        delta: str = "off",
     ) -> None:
         """``interface`` (laminar.relay.interface): a NIC name (``ib0``) or an address to bind instead of ``host``.
         ``verify_inline``: check each chunk's CRC on the receive thread before reading the next one, the receive
         path before CRCs moved to their own thread; kept so a benchmark can measure both side by side. ``recycle``:
-        receive into an evicted version's pages (``RelayStore``); False gives every version fresh pages."""
+        receive into an evicted version's pages (``RelayStore``); False gives every version fresh pages. ``delta``
+        (laminar.relay.delta): ``auto`` sends a published version as a delta against the previous one when that is
+        smaller (``relay/delta_chain.py``); every relay rebuilds delta transfers it receives, whatever its mode."""
         self.relay_id = relay_id
         self.store = RelayStore(root or default_store_root(relay_id), keep=keep_versions, recycle=recycle)
         self.chunk_mb, self.auto_chunks = chunk_mb, auto_chunks
@@ -82,6 +86,7 @@ class Relay:
         self.transport = transport
         self.io_timeout_s = io_timeout_s
         self.verify_inline = verify_inline
+        self.deltas = DeltaBook(delta, relay_id)
         if interface:
             host = interface_address(interface)
         self._cond = threading.Condition()
@@ -103,8 +108,12 @@ class Relay:
         failure = self._memory_error
         return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
                 "newest": self.store.newest(), "versions": self.store.versions(), "keep_versions": self.store.keep,
-                "memory_error": str(failure[1]) if failure else None,
+                "memory_error": str(failure[1]) if failure else None, "delta": self.deltas.stats(),
                 "transport": getattr(self.transport, "name", type(self.transport).__name__)}
+
+    def delta_stats(self) -> dict[str, int]:
+        """Delta counters of this relay (``DeltaBook.counts``), for the trainer's metrics."""
+        return self.deltas.stats()
 
     def ping(self) -> str:
         return self.relay_id
@@ -251,7 +260,9 @@ class Relay:
             if f.failed:
                 return
             f.mark_ready(i, f.staging.verify(i))
-        self._commit(f)
+        kept = None if f.failed else self.deltas.encode(self.store, f.staging, self._chunked)
+        self.deltas.count("published_whole" if kept is None else "published_delta")
+        self._commit(f, kept)
         if self._prepared:  # keep a warm buffer for the next publish, off the trainer's path
             try:
                 self.store.preallocate(self._prepared)
@@ -279,7 +290,7 @@ class Relay:
             elif frame.kind == Kind.PULL:
                 serve_pull(self.store, ch, None if frame.version == NEWEST else frame.version)
             elif frame.kind == Kind.BEGIN:
-                self._receive(ch, VersionManifest.from_json(ch.recv_payload(frame.length)))
+                receive(self, ch, VersionManifest.from_json(ch.recv_payload(frame.length)))
             else:
                 raise TransportError(f"unexpected first frame kind {frame.kind} from {ch.peer}")
         except (TransportError, TornTransferError, VersionGoneError) as e:
@@ -292,66 +303,6 @@ class Relay:
         if old is not None:
             old.fail()
 
-    def _receive(self, ch: Channel, m: VersionManifest) -> None:
-        with self._cond:
-            newest = self.store.newest()
-            if newest is not None and m.version <= newest:
-                ch.send(Frame(Kind.SKIP, version=m.version))
-                return
-            self._supersede(m.version)
-            try:  # pages are reserved chunk by chunk below, so the upstream is answered without that delay
-                staging = self.store.begin(m, reserve=False)
-            except RelayMemoryError as e:
-                self._memory_failure(m.version, e)
-                return  # closing the connection makes the upstream retry: a transient shortage heals
-            f = InFlight(staging, self._cond, source=ch.peer)
-            f.channel = ch
-            self._inflight[m.version] = f
-        verifier = None
-        try:
-            if ch.one_sided:  # the peer writes into these pages directly: they must exist first (never a SIGBUS)
-                for i in range(m.num_chunks):
-                    staging.reserve(i)
-            ch.send(Frame(Kind.ACCEPT, version=m.version), ch.expose(staging.buffer))
-            # CRCs on their own thread: the next chunk's bytes arrive while this one's checksum is computed
-            verifier = None if self.verify_inline else ChunkVerifier(f, f"relay-{self.relay_id}-verify")
-            for i in range(m.num_chunks):
-                fr = ch.recv_header()
-                if fr.kind != Kind.CHUNK or fr.version != m.version:
-                    raise TransportError(f"expected CHUNK of version {m.version}, got kind {fr.kind} v{fr.version}")
-                f.staging.reserve(fr.index)
-                view = f.staging.chunk(fr.index)
-                if fr.length != len(view):
-                    raise TornTransferError(f"chunk {fr.index} is {fr.length} bytes, expected {len(view)}")
-                try:
-                    ch.recv_payload_into(view)
-                finally:
-                    view.release()
-                if verifier is None:
-                    f.mark_ready(fr.index, f.staging.verify(fr.index, fr.crc))
-                else:
-                    verifier.submit(fr.index, fr.crc)
-            if ch.recv_header().kind != Kind.END:
-                raise TransportError(f"version {m.version} from {ch.peer} did not end with END")
-            if verifier is not None:
-                verifier.finish()  # raises the first chunk's TornTransferError
-            self._commit(f)
-            ch.send(Frame(Kind.END, version=m.version))
-        except (TransportError, TornTransferError, RelayMemoryError, IndexError, ValueError) as e:
-            if verifier is not None:
-                verifier.stop()
-            ch.close()  # a one-sided transport stops accepting writes into the staging pages before they go
-            if isinstance(e, RelayMemoryError):
-                self._memory_failure(m.version, e)
-            else:
-                log = logger.debug if self._closed else logger.warning
-                log("relay %s: version %d from %s torn: %s", self.relay_id, m.version, ch.peer, e)
-            with self._cond:
-                if self._inflight.get(m.version) is f:
-                    del self._inflight[m.version]
-            f.fail()
-            self.store.abort(f.staging)
-
     def _memory_failure(self, version: int, err: RelayMemoryError) -> None:
         """Remember a receive that failed for lack of memory; logged once per shortage, not once per retry."""
         with self._cond:
@@ -359,12 +310,20 @@ class Relay:
             self._memory_error = (time.monotonic() if first else self._memory_error[0], err)
         (logger.error if first else logger.debug)("relay %s cannot receive version %d: %s", self.relay_id, version, err)
 
-    def _commit(self, f: InFlight) -> None:
+    def _commit(self, f: InFlight, kept: Optional[KeptDelta] = None) -> None:
+        """Make ``f`` readable; ``kept``: the delta the master made of it. A received delta is rebuilt into its
+        version first (raises ``DigestMismatch`` when that is not the master's) and kept for the downstream."""
         if f.failed:
             self.store.abort(f.staging)
             return
+        staging = f.staging
+        if f.manifest.delta is not None:
+            staging = rebuild(self.store, f.staging)  # the delta's file stays for the downstream (``receive`` unmaps)
+            kept = KeptDelta(f.manifest.with_checksums(f.staging.checksums), f.staging.path)
+            self.deltas.count("applied")
         with self._cond:  # one step for waiters: a version they see readable has its memory error cleared
-            self.store.commit(f.staging)
+            self.store.commit(staging)
+            self.deltas.keep(kept)
             now = time.time()
             self._memory_error = None  # a version fitted again
             if self._inflight.get(f.version) is f:
@@ -379,7 +338,9 @@ class Relay:
     # ---- used by the forwarder ----
     def newest_source(self) -> Optional[tuple[int, Optional[InFlight]]]:
         """The newest version to forward: an in-flight one, else the newest committed one (cond held)."""
-        live = [v for v, f in self._inflight.items() if not f.failed]
+        # a publish in delta mode waits for its delta (or for the choice of the whole version) at its commit
+        live = [v for v, f in self._inflight.items() if not f.failed
+                and not (f.source == "publish" and self.deltas.mode == "auto")]
         committed = self.store.newest()
         best = max(live + ([committed] if committed is not None else []), default=None)
         if best is None:
@@ -390,6 +351,9 @@ class Relay:
         with self._cond:
             self._events.append(event)
             self._cond.notify_all()
+
+    def kept_delta(self, version: int) -> Optional[KeptDelta]:
+        return self.deltas.kept(version)
 
     def reader(self) -> StoreReader:
         return StoreReader(self.store.root)

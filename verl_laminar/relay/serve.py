@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 _CALLABLE = {"address", "info", "ping", "set_chain", "chain", "newest", "versions", "describe", "timings",
              "events", "progress", "wait_version", "begin_publish", "end_publish", "hash_version",
              "probe_latency", "probe_copy", "prepare_publish", "publish_prepared",
-             "cpu_stats", "quiesce"}
+             "cpu_stats", "quiesce", "delta_stats"}
 _AUTH_ENV = "LAMINAR_RELAY_AUTHKEY"
 
 
@@ -119,6 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--buffer-bytes", type=int, default=0, help="tcp socket buffers; 0: the kernel's autotuning")
     ap.add_argument("--verify-inline", action="store_true",
                     help="check each chunk's CRC on the receive thread (the earlier receive path; benchmarks)")
+    ap.add_argument("--delta", choices=("off", "auto"), default="off", help="laminar.relay.delta")
     ap.add_argument("--no-recycle", action="store_true",
                     help="fresh pages for every version instead of an evicted version's (benchmarks)")
     ap.add_argument("--sched", choices=("normal", "rr"), default="normal",
@@ -131,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     authkey = bytes.fromhex(os.environ[_AUTH_ENV])
     spec = TransportSpec(a.transport, a.protocol, a.device, a.rate_bytes_per_s, a.buffer_bytes)
     relay = Relay(a.id, root=a.root, host=a.host, port=a.port, transport=spec, io_timeout_s=a.io_timeout_s,
-                  verify_inline=a.verify_inline, recycle=not a.no_recycle)
+                  verify_inline=a.verify_inline, recycle=not a.no_recycle, delta=a.delta)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=_serve_control, args=(relay, a.control, authkey, stop), daemon=True).start()
@@ -146,7 +147,7 @@ class RelayProcess:
     def __init__(self, relay_id: str, root: str, control: str, host: str = "127.0.0.1", netns: Optional[str] = None,
                  rate_bytes_per_s: Optional[float] = None, io_timeout_s: float = 30.0,
                  sched: str = "normal", transport: Optional[TransportSpec] = None,
-                 verify_inline: bool = False, recycle: bool = True) -> None:
+                 verify_inline: bool = False, recycle: bool = True, delta: str = "off") -> None:
         self.relay_id, self.root, self.control, self.netns = relay_id, root, control, netns
         self._authkey = secrets.token_bytes(16)
         cmd = [sys.executable, "-m", "verl_laminar.relay.serve", "--id", relay_id, "--root", root, "--host", host,
@@ -164,6 +165,8 @@ class RelayProcess:
             cmd += ["--verify-inline"]
         if not recycle:
             cmd += ["--no-recycle"]
+        if delta != "off":
+            cmd += ["--delta", delta]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         env = dict(os.environ, **{_AUTH_ENV: self._authkey.hex()})

@@ -52,6 +52,7 @@ class Kind:
     PONG = 8
     MISSING = 9  # reply to PULL when the version is not readable
     SINK = 10  # link probe: version field = byte count of raw bytes that follow; answered with PONG
+    WHOLE = 11  # reply to a delta's BEGIN (no base here) or instead of its END (rebuilt bytes failed the digest)
 
 
 class TransportError(ConnectionError):

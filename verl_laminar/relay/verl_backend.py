@@ -33,7 +33,13 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from verl_laminar.metrics import RELAY_COLD_PUBLISHES
+from verl_laminar.metrics import (
+    RELAY_COLD_PUBLISHES,
+    RELAY_DELTA_APPLIED,
+    RELAY_DELTA_FALLBACKS,
+    RELAY_DELTA_PUBLISHES,
+    RELAY_WHOLE_PUBLISHES,
+)
 from verl_laminar.policy.timeouts import arrival_mark
 from verl_laminar.relay.group import DEFAULT_GROUP_NAME
 from verl_laminar.relay.manifest import ALIGN, TensorEntry, VersionManifest
@@ -273,7 +279,19 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
                            "of that size: expected_bytes=%d); later publishes reuse its size", version, writer.nbytes,
                            self.expected_bytes)
         return {"laminar/relay/publish_s": stall, "laminar/relay/version": version,
-                RELAY_COLD_PUBLISHES: self.cold_publishes}
+                RELAY_COLD_PUBLISHES: self.cold_publishes, **self._delta_metrics()}
+
+    def _delta_metrics(self) -> dict[str, int]:
+        """The group's delta counters (``delta_metrics``); none when the group does not answer in time."""
+        import ray
+
+        if not ray.is_initialized():  # no group without Ray, and asking for an actor would start a local Ray
+            return {}
+        try:
+            return delta_metrics(self._call(self._group().delta_stats.remote()))
+        except Exception as e:  # noqa: BLE001 - metrics only: a slow or restarting group must not fail a publish
+            logger.debug("relay delta counters unavailable: %s", e)
+            return {}
 
     # ---- rollout side ----
     def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
@@ -328,6 +346,15 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
 
     def get_weights(self) -> Generator[tuple[str, torch.Tensor], None, None]:
         return self.receive_weights(None)
+
+
+def delta_metrics(stats: dict[str, int]) -> dict[str, int]:
+    """``RelayGroup.delta_stats`` as the trainer's metrics (``metrics.RELAY_DELTA_*``)."""
+    if not stats:
+        return {}
+    return {RELAY_DELTA_PUBLISHES: stats.get("published_delta", 0), RELAY_WHOLE_PUBLISHES: stats.get("published_whole", 0),
+            RELAY_DELTA_APPLIED: stats.get("applied", 0),
+            RELAY_DELTA_FALLBACKS: sum(v for k, v in stats.items() if k.startswith("fallback_"))}
 
 
 def register_relay_backend() -> type:

@@ -7,7 +7,8 @@
 A replica fault is armed, not struck at once: the trainer drives the next batch's generation only after the step
 ends, so the fault waits in a thread until its replica holds work that the fault disturbs (groups that a death
 moves or loses; with the pool, a group that can move and two requests that streamed a whole chunk), then strikes
-at once. Its PIDs are found first, because a signal must land in microseconds once the work is there.
+at once. Its processes are found first (and the agent on their node started), because a signal must land within
+milliseconds once the work is there.
 """
 
 from __future__ import annotations
@@ -135,11 +136,13 @@ class FaultInjector:
             logger.error("laminar.fault_injection: %s: no live replica to strike (live: %s); skipped", fault.label(),
                          [r.replica_id for r in live])
             return
-        pids: dict[int, list] = {}
-        if fault.replica_fault != "garbage":  # a signal needs the PIDs ahead; a replica dying meanwhile is no target
+        roots: dict[int, list] = {}
+        # a signal needs its processes found (and the agents on their nodes started) ahead; a replica dying
+        # meanwhile is no target
+        if fault.replica_fault != "garbage":
             for r in list(targets):
                 try:
-                    pids[r.replica_id] = procs.replica_pids(r)
+                    roots[r.replica_id] = procs.replica_roots(r)
                 except Exception as e:  # noqa: BLE001 - the router has not marked it dead yet
                     logger.warning("laminar.fault_injection: %s: replica %d is no target (%r)", fault.label(),
                                    r.replica_id, e)
@@ -160,13 +163,13 @@ class FaultInjector:
                                        "anyway", fault.label(), [r.replica_id for r in targets], ARM_WAIT_S)
                         break
                     time.sleep(0.02)
-            self._strike_replica(fault, chosen or targets[0], pids)
+            self._strike_replica(fault, chosen or targets[0], roots)
 
         thread = threading.Thread(target=strike_when_busy, name="laminar-fault-injection", daemon=True)
         thread.start()
         self._armed.append((thread, now))
 
-    def _strike_replica(self, fault: Fault, replica: Any, pids: dict) -> None:
+    def _strike_replica(self, fault: Fault, replica: Any, roots: dict) -> None:
         import ray
 
         from verl_laminar.trainer import procs
@@ -176,8 +179,8 @@ class FaultInjector:
                 ray.get(replica.server.laminar_corrupt.remote(), timeout=CALL_TIMEOUT_S)
                 logger.warning("laminar.fault_injection: replica %d now answers garbage token ids", replica.replica_id)
             else:
-                procs.kill_replica(replica, pids[replica.replica_id], hang=fault.replica_fault == "hang")
-        except Exception:  # noqa: BLE001 - it died meanwhile: the fault is skipped, never the trainer's end
+                procs.kill_replica(replica, roots[replica.replica_id], hang=fault.replica_fault == "hang")
+        except Exception:  # noqa: BLE001 - it died meanwhile, or the signal missed: skipped, never the trainer's end
             logger.exception("laminar.fault_injection: %s on replica %d failed; skipped", fault.label(),
                              replica.replica_id)
 
@@ -189,18 +192,18 @@ class FaultInjector:
 
     # ---- the pool ----
     def _kill_pool(self, step: int) -> None:
-        """SIGKILL the pool's process; a thread logs when the restarted pool answers again."""
+        """SIGKILL the pool's process on its node; a thread logs when the restarted pool answers again."""
+        from verl_laminar.fleet import node_procs
         from verl_laminar.trainer import procs
 
-        pid = procs.pid_of(self._pool)
         t0 = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d) after step %d",
-                       pid, step)
+        ref, _ = procs.kill_actor_process(self._pool)
+        logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d on node %s) "
+                       "after step %d", ref.pid, ref.node, step)
 
         def back() -> None:
-            new = procs.pid_of(self._pool)  # Ray holds the call until the restarted actor answers
+            new = node_procs.locate(self._pool, timeout_s=None)  # Ray holds the call until the restarted actor answers
             logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
-                           "its log replayed)", time.monotonic() - t0, new)
+                           "its log replayed)", time.monotonic() - t0, new.pid)
 
         threading.Thread(target=back, name="laminar-pool-restart", daemon=True).start()

@@ -7,7 +7,7 @@ heartbeat is its token stream: every request opens a pool entry and streams chun
 (``rollout.streaming_server``), so the pool knows when each replica last made progress (``PartialPool.silence``).
 Every ``laminar.heartbeat.interval_s`` this watch asks the router which replicas hold requests and the pool how
 long each has been silent; ``policy.failover.hung_replicas`` judges; a hung replica's processes are SIGKILLed
-by PID (found when the watch starts), and the usual failover follows: its requests fail with an actor error,
+on their nodes (found when the watch starts tracking it), and the usual failover follows: its requests fail with an actor error,
 the router moves its groups, they continue from the pool.
 """
 
@@ -19,7 +19,6 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from verl_laminar.platform.procs import started_at
 from verl_laminar.policy.failover import HeartbeatPolicy, hung_replicas, unanswered_replicas
 
 logger = logging.getLogger(__name__)
@@ -128,13 +127,13 @@ def _ray_ready(refs: list) -> set:
 
 
 class ReplicaKiller:
-    """Ends a replica's processes: the process tree on this node by PID, then ``ray.kill`` of its actors (which
-    also covers other nodes). The roots are found when a replica is tracked, because a hung server cannot answer
-    the calls that find its PIDs; their children (vLLM's engine core, started later too) at kill time."""
+    """Ends a replica's processes: each process tree on its own node (``trainer.procs.kill_replica``), then
+    ``ray.kill`` of its actors. The roots are found when a replica is tracked, because a hung server cannot answer
+    the calls that find them; their children (vLLM's engine core, started later too) at kill time, on the node."""
 
     def __init__(self, replicas: list) -> None:
         self._by_id: dict[int, Any] = {}
-        self._roots: dict[int, list[int]] = {}
+        self._roots: dict[int, list] = {}
         for r in replicas:
             self.track(r)
 
@@ -148,7 +147,7 @@ class ReplicaKiller:
         from verl_laminar.trainer import procs
 
         self._by_id[replica.replica_id] = replica
-        self._roots[replica.replica_id] = [(pid, started_at(pid)) for pid in procs.local_roots(replica)]
+        self._roots[replica.replica_id] = procs.replica_roots(replica)
 
     def kill(self, rid: int, why: str) -> None:
         import ray
@@ -156,10 +155,12 @@ class ReplicaKiller:
         from verl_laminar.trainer import procs
 
         replica = self._by_id[rid]
-        # a root that died long ago may have left its PID to another process: only the same process is signalled
-        roots = [pid for pid, started in self._roots[rid] if started is not None and started_at(pid) == started]
-        if roots:
-            procs.kill_replica(replica, procs.process_tree(roots), why=why)
+        try:
+            # a root that died long ago may have left its PID to another process: the node's side signals only
+            # the same process (PID and start time)
+            procs.kill_replica(replica, self._roots[rid], why=why)
+        except Exception as e:  # noqa: BLE001 - already gone, or its node is: ray.kill below still ends the actors
+            logger.info("laminar: %s: replica %d: no process tree left to kill (%r)", why, rid, e)
         for actor in (replica.server, *replica.workers):
             try:
                 ray.kill(actor, no_restart=True)

@@ -127,6 +127,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.rollout.router_actor import spawn_router
 
         self.relay_group = relays.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
+                                                heartbeat=self.laminar.heartbeat,
                                                 replicas=self.standalone_server_manager.get_replicas())
         replicas = relays.replica_handles(self.standalone_server_manager.get_replicas())
         self._replicas = replicas

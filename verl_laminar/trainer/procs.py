@@ -1,5 +1,6 @@
-"""A replica's processes as the trainer sees them: their PIDs and process trees, the kill (fault injection and
-the hang watch), and the CPU priorities of rollouts and trainer ranks on a shared CPU host.
+"""A replica's processes as the trainer sees them: where they run, the kill (fault injection and the hang watch),
+and the CPU priorities of rollouts and trainer ranks on a shared CPU host. Each acts on the node where the process
+runs (``fleet.node_procs``): a PID read inside an actor names a process of that node's PID namespace only.
 """
 
 from __future__ import annotations
@@ -18,57 +19,69 @@ def node_of(actor: Any) -> str:
     return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
 
 
-def pid_of(actor: Any) -> int:
-    import ray
+def replica_roots(replica: Any) -> list:
+    """The root processes of a replica (its server and workers), each where it runs (``fleet.node_procs.ProcRef``);
+    the agents on their nodes are started now, so that a later kill is one call. Their children (vLLM's engine core,
+    perhaps started later) are found on the node at kill time."""
+    from verl_laminar.fleet import node_procs
 
-    from verl_laminar.platform.priority import current_pid
-
-    return int(ray.get(actor.__ray_call__.remote(lambda self: current_pid())))
-
-
-def process_tree(roots: list[int]) -> list[int]:
-    """``roots`` and every process they started, as they are now (on this node)."""
-    import psutil
-
-    pids: list[int] = []
-    for pid in roots:
-        try:
-            pids += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    return list(dict.fromkeys(pids))
+    refs = [node_procs.locate(a) for a in (replica.server, *replica.workers)]
+    try:
+        node_procs.warm(r.node for r in refs)
+    except Exception as e:  # noqa: BLE001 - a slow agent start must not fail the setup: the kill starts it then
+        logger.warning("laminar: replica %d: the process agents on its nodes did not answer yet (%r); a kill will "
+                       "wait for them", replica.replica_id, e)
+    return refs
 
 
-def local_roots(replica: Any) -> list[int]:
-    """PIDs of the replica's server and workers that run on this node (a PID means nothing on another node)."""
-    import ray
-
-    here = ray.get_runtime_context().get_node_id()
-    return [pid_of(a) for a in (replica.server, *replica.workers) if node_of(a) == here]
+class ReplicaKillMissed(RuntimeError):
+    """A signal meant to kill or stop a replica did not leave its processes so (or found none of them)."""
 
 
-def replica_pids(replica: Any) -> list[int]:
-    """A replica's processes: its server actor, its workers and every process they started (vLLM's engine core)."""
-    return process_tree([pid_of(replica.server)] + [pid_of(w) for w in replica.workers])
+def struck(report: list[dict], hang: bool) -> list[dict]:
+    """The processes of ``report`` (``fleet.node_procs.signal_procs``) that the signal did not leave as wanted
+    (pure): running after a SIGKILL; not stopped after a SIGSTOP."""
+    want = ("stopped", "gone") if hang else ("gone",)  # a stopped process that then died is no miss either
+    return [p for p in report if p["state"] not in want]
 
 
-def kill_replica(replica: Any, pids: Optional[list[int]] = None, hang: bool = False,
-                 why: str = "laminar.fault_injection") -> list[int]:
+def kill_replica(replica: Any, roots: Optional[list] = None, hang: bool = False,
+                 why: str = "laminar.fault_injection") -> list[dict]:
     """SIGKILL a replica as a machine loss would, or with ``hang`` SIGSTOP it as a stuck one looks (fault
-    injection, ``laminar.fault_injection``; the hang watch kills a hung one the same way). ``pids``: from
-    ``replica_pids``, collected ahead so the signal itself takes microseconds; returns the PIDs signalled."""
+    injection, ``laminar.fault_injection``; the hang watch kills a hung one the same way), on the nodes where its
+    processes run. ``roots``: from ``replica_roots``, found ahead (a hung server answers no call). Returns what was
+    signalled (``[{"node", "pid", "name", "state"}]``); raises ReplicaKillMissed when nothing was found to signal
+    or a process outlived the signal, so that no caller logs a kill that did not happen."""
     import signal
 
-    pids = replica_pids(replica) if pids is None else pids
+    from verl_laminar.fleet import node_procs
+
+    roots = replica_roots(replica) if roots is None else roots
     sig = signal.SIGSTOP if hang else signal.SIGKILL
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            continue
-    logger.warning("%s: %s replica %d (%s of PIDs %s)", why, "stopped" if hang else "killed", replica.replica_id,
-                   sig.name, pids)
-    return pids
+    report = node_procs.signal_procs(roots, sig)
+    missed = struck(report, hang)
+    if not report:  # the caller says whether that is a miss (a fault) or expected (the release of a dead one)
+        raise ReplicaKillMissed(f"{sig.name} of replica {replica.replica_id}: none of its processes runs")
+    if missed:
+        logger.error("%s: %s of replica %d missed: signalled %s; not %s: %s", why, sig.name, replica.replica_id,
+                     report, "stopped" if hang else "gone", missed)
+        raise ReplicaKillMissed(f"{sig.name} of replica {replica.replica_id}: still running: {missed}")
+    logger.warning("%s: %s replica %d (%s of %s)", why, "stopped" if hang else "killed", replica.replica_id,
+                   sig.name, [(p["node"][:8], p["pid"], p["name"]) for p in report])
+    return report
+
+
+def kill_actor_process(actor: Any) -> tuple[Any, list[dict]]:
+    """SIGKILL an actor's own process (not its children) on its node; (its ``ProcRef``, the report)."""
+    import signal
+
+    from verl_laminar.fleet import node_procs
+
+    ref = node_procs.locate(actor)
+    report = node_procs.signal_procs([ref], signal.SIGKILL, tree=False)
+    if not report or struck(report, hang=False):
+        raise ReplicaKillMissed(f"SIGKILL of the actor's process {ref.pid} on node {ref.node}: {report}")
+    return ref, report
 
 
 def cpu_priority_on(laminar: Any, cpu_platform: Optional[Callable[[], bool]] = None) -> bool:
@@ -86,12 +99,13 @@ def cpu_priority_on(laminar: Any, cpu_platform: Optional[Callable[[], bool]] = N
 def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
     """Rollouts at nice 19, trainer ranks at nice 0 (when permitted): on a shared CPU host, generation then
     fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""
-    from verl_laminar.platform.priority import renice_tree
+    from verl_laminar.fleet.node_procs import locate, renice_procs
 
-    out = {"rollout": [renice_tree(pid_of(s), 19) for s in replica_servers], "trainer": []}
+    # on each process's own node: its PID means nothing on the trainer's
+    out = {"rollout": [renice_procs([locate(s)], 19) for s in replica_servers], "trainer": []}
     for w in trainer_workers:
         try:
-            out["trainer"].append(renice_tree(pid_of(w), 0))
+            out["trainer"].append(renice_procs([locate(w)], 0))
         except PermissionError:
             logger.warning("laminar.cpu_priority: no permission to raise the trainer's priority; only the rollouts "
                            "were lowered (nice 19)")

@@ -37,13 +37,30 @@ def relay_nodes(nodes: list[dict], rollout_node_ids: Optional[Any], master_node_
     return [(nid, alive[nid]) for nid in sorted(wanted | {master_node_id})]
 
 
+# without a heartbeat section: how long a relay may leave a ping unanswered before the monitor drops it from the
+# chain, and how often it looks. Generous: a false drop moves a live relay's rollouts to a fallback for the run
+DEFAULT_PING_TIMEOUT_S = 10.0
+DEFAULT_MONITOR_INTERVAL_S = 1.0
+
+
+def monitor_settings(heartbeat: Optional[Any]) -> dict:
+    """The relay group's monitor, from ``laminar.heartbeat`` (pure): ping every ``interval_s``, and a relay silent
+    for ``dead_after_s`` is dead, as a replica is to the hang watch."""
+    if heartbeat is None:
+        return {"ping_timeout_s": DEFAULT_PING_TIMEOUT_S, "monitor_interval_s": DEFAULT_MONITOR_INTERVAL_S}
+    dead = heartbeat.dead_after_s if heartbeat.dead_after_s is not None else DEFAULT_PING_TIMEOUT_S
+    return {"ping_timeout_s": float(dead), "monitor_interval_s": float(heartbeat.interval_s)}
+
+
 def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas: Optional[list] = None,
-                 relay: Optional[Any] = None) -> Any:
+                 relay: Optional[Any] = None, heartbeat: Optional[Any] = None) -> Any:
     """The relay group: one relay per rollout node plus one on trainer rank 0's node, the master.
 
     ``replicas``: verl's rollout replicas (each with ``.workers``); None puts a relay on every alive node.
     ``relay``: the typed ``laminar.relay`` section (``keep_versions``, ``chunk_mb``, the transport, ``interface``);
-    None: their defaults (tcp, bound to each node's Ray address).
+    None: their defaults (tcp, bound to each node's Ray address). ``heartbeat``: ``laminar.heartbeat``, which times
+    the group's monitor (``monitor_settings``); the monitor starts with the group, so a dead relay leaves the chain
+    (and a replica that joins its node later gets a new one, ``replica_relays``).
     Relays and stores an earlier, crashed run left behind are swept first.
     """
     import ray
@@ -72,14 +89,20 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     chunk_mb = relay.chunk_mb if relay is not None else None
     transport = relay.transport_spec() if relay is not None else None
     interface = relay.interface if relay is not None else None
+    delta = relay.delta if relay is not None else None
     # the chunk count of each broadcast comes from the cost model at the link rate the user states
     link_bytes_per_s = relay.link_gbps * 1e9 / 8 if relay is not None else None
-    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name)
+    monitor = monitor_settings(heartbeat)
+    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name, **monitor)
     plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
-                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface))
+                                      link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface,
+                                      delta=delta))
+    ray.get(group.start_monitor.remote())
     logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
-                "interface %s, chain %s", name, len(nodes), len(alive), master, keep, chunk_mb,
-                transport_label(transport), interface or "node address", plan)
+                "interface %s, delta %s, chain %s; monitor every %.1f s (a relay silent for %.1f s leaves the chain)",
+                name, len(nodes), len(alive), master, keep, chunk_mb, transport_label(transport),
+                interface or "node address", delta or "off", plan, monitor["monitor_interval_s"],
+                monitor["ping_timeout_s"])
     return group
 
 
@@ -91,11 +114,17 @@ def transport_label(spec: Optional[Any]) -> str:
 
 
 def replica_relays(group: Any, replicas: list) -> dict:
-    """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from)."""
+    """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from). Where a replica's
+    node has no live relay (a node that joined after the spawn, or whose relay died), the group spawns one there
+    first (``RelayGroup.ensure_relay``), so the replica joins with a relay on its machine."""
     import ray
 
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
     out = {}
     for r in replicas:
-        relay_id = ray.get(group.relay_on_node.remote(node_of(r.workers[0])))
+        node = node_of(r.workers[0])
+        if node not in ips:
+            raise RuntimeError(f"replica {r.replica_id}'s node {node} is not an alive Ray node; no relay can start there")
+        relay_id = ray.get(group.ensure_relay.remote(node, ips[node]))
         out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
     return out
