@@ -18,7 +18,7 @@ Why this shape:
 * Longer chains are harder (every line is a chance to slip, and long ones cross 100), so accuracy falls with
   length: a warm start that gets the short ones right leaves RL room on the long ones.
 
-Splits: ``train`` (SFT warm start and RL), ``dev`` (the warm start's stopping rule and any target fixed from data)
+Splits: ``train`` (SFT warm start and RL), ``dev`` (the warm start's acceptance check and any target fixed from data)
 and ``heldout`` (measured only). No problem appears in two splits, nor twice in dev or held-out.
 
     python -m verl_laminar.data.chain_math          # rewrites verl_laminar/data/chain_math/*.parquet
