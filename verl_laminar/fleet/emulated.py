@@ -171,7 +171,7 @@ class EmulatedCluster:
         """Run ``cmd`` inside node ``name``'s network, PID, mount and UTS namespaces (and its cgroup, where any)."""
         node = self._node(name)
         cwd = str(kw.pop("cwd", os.getcwd()))
-        if cwd == "/tmp" or cwd.startswith("/tmp/"):
+        if _under_tmp(cwd) and not any(cwd == k or cwd.startswith(k + "/") for k in _kept_under_tmp()):
             cwd = "/"  # the node's mount namespace shows the host's tree except /tmp, which is its own
         enter = ["nsenter", "-t", str(node.init_pid), "-n", "-p", "-m", "-u", f"--wd={cwd}", "--"]
         if node.cgroup is not None:
@@ -261,7 +261,8 @@ class EmulatedCluster:
         (folder / "tmp").chmod(0o1777)
         cgroup = host.make_cgroup(self.cpu_control, self.id, f"{spec.name}-{index}", spec.cpu_limit, spec.cpu_weight)
         init = [sys.executable, "-m", "verl_laminar.fleet.emulated_init", "--hostname", spec.name,
-                "--tmp", str(folder / "tmp"), "--shm-mb", str(spec.shm_mb), "--", *self._ray_cmd(spec, ip, head)]
+                "--tmp", str(folder / "tmp"), "--shm-mb", str(spec.shm_mb),
+                *[a for k in _kept_under_tmp() for a in ("--keep", k)], "--", *self._ray_cmd(spec, ip, head)]
         # --kill-child: if unshare itself is killed, the node's PID 1 (and so the node) goes with it
         cmd = ["ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--kill-child",
                "--", *init]
@@ -345,3 +346,24 @@ def _tail(path: Path, n: int = 3000) -> str:
         return path.read_text(errors="replace")[-n:]
     except FileNotFoundError:
         return "(no log)"
+
+
+def _under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def _kept_under_tmp() -> list[str]:
+    """The host folders under /tmp that every node must still see: the interpreter's prefix, the project and the
+    current folder (a checkout under /tmp), each as its top folder under /tmp."""
+    import verl_laminar
+
+    paths = [sys.prefix, str(Path(verl_laminar.__file__).resolve().parents[1]), os.getcwd(),
+             *(p for p in sys.path if p)]
+    tops = set()
+    for p in paths:
+        p = os.path.realpath(p)
+        if _under_tmp(p) and p != "/tmp":
+            top = "/tmp/" + os.path.relpath(p, "/tmp").split(os.sep)[0]
+            if os.path.isdir(top):
+                tops.add(top)
+    return sorted(tops)

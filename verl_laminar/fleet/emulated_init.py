@@ -28,11 +28,27 @@ def _mount(*args: str) -> None:
         raise RuntimeError(f"`mount {' '.join(args)}` failed in the node's mount namespace: {res.stderr.strip()}")
 
 
+def _keep_under(node_tmp: str, path: str) -> None:
+    """Bind the host's ``path`` (under /tmp) to the same place inside the node's /tmp folder.
+
+    A project cloned under /tmp (a CI checkout) has its venv there: without this the node's own /tmp would hide the
+    interpreter that runs ray. The bind lives in this private mount namespace only; the host sees an empty folder.
+    """
+    rel = os.path.relpath(path, "/tmp")
+    if rel.startswith("..") or rel == "." or not os.path.isdir(path):
+        raise ValueError(f"--keep {path!r} is not a folder under /tmp")
+    target = os.path.join(node_tmp, rel)
+    os.makedirs(target, exist_ok=True)
+    _mount("--bind", path, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--hostname", required=True)
     ap.add_argument("--tmp", required=True, help="folder on disk that becomes the node's /tmp")
     ap.add_argument("--shm-mb", type=int, required=True, help="size of the node's /dev/shm tmpfs")
+    ap.add_argument("--keep", action="append", default=[],
+                    help="a host folder under /tmp the node must still see at its own path (the venv, the project)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -42,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.getpid() != 1:
         raise RuntimeError("emulated_init must be PID 1 of a fresh PID namespace (run it under unshare --pid --fork)")
     # unshare made this mount namespace private: nothing mounted here propagates to the host
-    _mount("--bind", args.tmp, "/tmp")
+    for path in args.keep:
+        _keep_under(args.tmp, path)
+    _mount("--rbind", args.tmp, "/tmp")  # recursive: carries the kept folders bound inside it
     _mount("-t", "tmpfs", "-o", f"size={args.shm_mb}m,mode=1777", f"shm-{args.hostname}", "/dev/shm")
     socket.sethostname(args.hostname)
     child = subprocess.Popen(cmd)
