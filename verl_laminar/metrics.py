@@ -23,7 +23,7 @@ STALENESS_MAX = "laminar/staleness/max"
 STALENESS_MAX_ALL = "laminar/staleness/max_all"  # over the whole run
 STALENESS_COUNT = "laminar/staleness/count"
 STALENESS_HIST_PREFIX = "laminar/staleness/hist_"  # + k: trajectories with staleness k in this step
-# laminar.buffer.max_staleness: seconds the trainer waited before its publications for older groups (cumulative)
+# laminar.buffer.max_staleness: seconds a step waited, a whole batch ready, for groups due sooner (cumulative)
 STALENESS_BOUND_WAIT = "laminar/staleness/bound_wait_s"
 
 # throughput as the paper defines it: tokens of a step / time between two publications

@@ -162,3 +162,18 @@ def test_concurrent_random_delivery_loses_and_duplicates_nothing():
         assert len({t.key for t in g.trajectories}) == n
     s = buf.stats()
     assert s.duplicates == 50 and buf.missing() == {} and s.partial_groups == 0
+
+
+def test_take_ids_takes_the_chosen_groups_and_leaves_the_rest_in_order():
+    buf = ExperienceBuffer()
+    for g, v in (("a", 3), ("b", 1), ("c", 2)):
+        buf.put(tr(g, 0, n=1, version=v))
+    assert buf.ready() == [("a", 3), ("b", 1), ("c", 2)]
+    assert [g.group_id for g in buf.take_ids(["b", "c"])] == ["b", "c"]
+    assert buf.ready() == [("a", 3)] and buf.stats().taken_groups == 2
+    with pytest.raises(InvariantViolation, match="not ready"):
+        buf.take_ids(["b"])  # already taken
+    with pytest.raises(InvariantViolation, match="repeated"):
+        buf.take_ids(["a", "a"])
+    with pytest.raises(InvariantViolation, match="trained"):
+        buf.put(tr("b", 1, n=1, version=1))  # a taken group cannot grow

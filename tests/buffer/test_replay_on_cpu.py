@@ -151,3 +151,29 @@ def test_a_wait_for_samples_raises_once_the_rollouts_stopped(fake_tq):
     buf._health_at -= replay.HEALTH_EVERY_S
     with pytest.raises(RuntimeError, match="router stopped"):
         buf.sample(global_steps=1, partition_id="train", batch_size=2)  # no group will ever finish
+
+
+def test_a_planner_chooses_the_batch_and_hears_of_failed_groups(fake_tq):
+    """laminar.buffer.max_staleness: the planner (the router's plan_batch) picks which complete groups a step
+    trains; it is asked only with a whole batch ready, waits by answering None, and learns of failed groups."""
+    calls: list = []
+    answers = [None, ["old"]]
+
+    def planner(step, ready, dropped):
+        calls.append((step, sorted(ready), list(dropped)))
+        return answers.pop(0)
+
+    buf = LaminarReplayBuffer(trainer_mode="laminar", trainer_config={}, max_off_policy_threshold=None,
+                              max_off_policy_strategy="drop", sampler_kwargs={}, poll_interval=0.01,
+                              refill_fn=lambda n: None, rollout_n=2, planner=planner)
+    fake_tq.prompt("f", "failure")
+    fake_tq.outputs("f", [(1, 1)])
+    fake_tq.prompt("new", "finished")
+    fake_tq.outputs("new", [(4, 4), (4, 4)])
+    fake_tq.prompt("old", "finished")
+    fake_tq.outputs("old", [(2, 2), (2, 2)])
+    batch, _ = buf.sample(global_steps=5, partition_id="train", batch_size=1)
+    assert sorted(batch.keys) == ["old_0_0", "old_1_0"]
+    assert calls[0] == (5, [("new", 4), ("old", 2)], ["f"])  # the failed group is told once
+    assert calls[1] == (5, [("new", 4), ("old", 2)], [])
+    assert buf.experience.ready() == [("new", 4)]  # left for a later step

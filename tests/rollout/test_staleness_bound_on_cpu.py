@@ -1,7 +1,8 @@
-"""laminar.buffer.max_staleness on the router (policy.bound): a run whose long groups reach a staleness above k
-without the bound stays within k with it, every group still finishes (nothing dropped), and the trainer publishes
-every version. Fake replicas: each request sleeps its group's length; a fake trainer publishes every 20 ms, waiting
-on hold_publish as LaminarTrainer does (trainer.bound)."""
+"""laminar.buffer.max_staleness on the router (rollout.router_bound, policy.bound): a run whose long groups are
+trained far behind without the bound has verl's lag at training, (s - 1) - j, within k with it; every group still
+finishes and is trained (nothing dropped), and the trainer trains every step. Fake replicas: each request sleeps its
+group's length; a fake trainer takes each step's batch through plan_batch, as LaminarReplayBuffer does
+(trainer.bound), trains 20 ms and publishes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from verl_laminar.rollout.router import LaminarRouter, ReplicaHandles
 from verl_laminar.trainer import bound
 
 LONG, SHORT = 0.25, 0.005  # every 4th group is a long tail
-VERSIONS = 8
+STEPS, PER_STEP = 8, 2
 
 
 class _Ready:
@@ -26,15 +27,16 @@ class Server:
     __ray_ready__ = _Ready()
 
 
-async def _run(k: Optional[int], groups: int = 16) -> dict:
+async def _run(k: Optional[int]) -> dict:
     reps = [ReplicaHandles(i, f"addr{i}", Server()) for i in range(2)]
 
     async def refresher(replica, version):
         await asyncio.sleep(0.001)
 
-    router = LaminarRouter(reps, groups_per_batch=2, refresher=refresher, max_staleness=k)
+    router = LaminarRouter(reps, groups_per_batch=2, refresher=refresher, max_staleness=k, batch_groups=PER_STEP)
     await router.start(0)
-    staleness: list[int] = []
+    ready: list[tuple[str, int]] = []  # complete groups the trainer has not taken (its ExperienceBuffer)
+    made = [0]
 
     async def group(i: int) -> None:
         gid = f"g{i}"
@@ -42,51 +44,92 @@ async def _run(k: Optional[int], groups: int = 16) -> dict:
         addr, _ = await router.acquire_pinned(f"{gid}-0", gid, a.version)
         await asyncio.sleep(LONG if i % 4 == 0 else SHORT)
         await router.release_server(addr, f"{gid}-0")
-        n = await router.trajectory_finished(f"{gid}_0", gid, 3, 5)
-        staleness.append(n - a.version)
+        await router.trajectory_finished(f"{gid}_0", gid, 3, 5)
         await router.finish_group(gid)
+        ready.append((gid, a.version))
 
-    held: list[int] = []  # polls that found groups blocking, per publication
+    async def prompts() -> None:  # verl keeps prompts queued ahead of the trainer
+        tasks = []
+        while True:
+            while made[0] - (len(lags) + len(ready)) < 6:
+                tasks.append(asyncio.ensure_future(group(made[0])))
+                made[0] += 1
+            await asyncio.sleep(0.002)
+
+    lags: list[int] = []
+    waits = [0]
 
     async def trainer() -> None:
-        for v in range(1, VERSIONS + 1):
-            await asyncio.sleep(0.02)  # a training step
-            held.append(0)
-            while router.hold_publish(v):
-                held[-1] += 1
+        for step in range(1, STEPS + 1):
+            while True:
+                chosen = None if len(ready) < PER_STEP else (
+                    router.plan_batch(step, list(ready)) if k is not None else [g for g, _ in ready[:PER_STEP]])
+                if chosen is not None:
+                    break
+                waits[0] += len(ready) >= PER_STEP
                 await asyncio.sleep(0.002)
-            await router.on_publish(v)
+            versions = dict(ready)
+            lags.extend(step - 1 - versions[g] for g in chosen)
+            ready[:] = [gv for gv in ready if gv[0] not in chosen]
+            await asyncio.sleep(0.02)  # a training step
+            await router.on_publish(step)
 
-    await asyncio.wait_for(asyncio.gather(trainer(), *[group(i) for i in range(groups)]), 30)
-    finished = router.drain_events().finished
-    return {"staleness": staleness, "finished": len(finished), "published": router.published(), "held": held}
+    feeder = asyncio.ensure_future(prompts())
+    await asyncio.wait_for(trainer(), 30)
+    feeder.cancel()
+    return {"lags": lags, "published": router.published(), "waits": waits[0],
+            "untrained": dict(router._bounds.untrained)}
 
 
-def test_without_the_bound_long_groups_exceed_k():
+def test_without_the_bound_long_groups_are_trained_far_behind():
     out = asyncio.run(_run(None))
-    assert max(out["staleness"]) > 1, out  # what the bound has to prevent
-    assert sum(out["held"]) == 0  # unbounded: hold_publish never holds
+    assert max(out["lags"]) > 2, out  # what the bound has to prevent
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
-def test_with_the_bound_every_trajectory_is_within_k_and_none_is_dropped(k):
+def test_with_the_bound_every_trained_group_is_within_k_and_every_step_trains(k):
     out = asyncio.run(_run(k))
-    assert out["finished"] == 16 and len(out["staleness"]) == 16  # every group generated and finished
-    assert max(out["staleness"]) <= k, out
-    assert out["published"] == VERSIONS  # the trainer's waits all ended
-    assert sum(out["held"]) > 0  # the long groups did hold publications back
+    assert len(out["lags"]) == STEPS * PER_STEP  # every step took a whole batch
+    assert max(out["lags"]) <= k, out
+    assert out["published"] == STEPS
+    # what the router still counts as untrained is exactly what the trainer has not taken
+    assert all(g.startswith("g") for g in out["untrained"])
+
+
+def test_a_dropped_group_stops_counting_against_admission():
+    async def main():
+        router = LaminarRouter([ReplicaHandles(0, "a0", Server())], groups_per_batch=4,
+                               refresher=lambda r, v: asyncio.sleep(0), max_staleness=0, batch_groups=1)
+        await router.start(0)
+        a = await router.assign_group("g0", 1)
+        await router.trajectory_finished("g0_0", "g0", 1, 1)
+        await router.finish_group("g0")
+        assert router._bounds.untrained == {"g0": a.version}
+        waiter = asyncio.ensure_future(router.assign_group("g1", 1))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # k = 0, one group a step: g0 fills step 1
+        assert router.plan_batch(1, [], dropped=["g0"]) is None  # its prompt failed: the trainer will not take it
+        await asyncio.sleep(0.01)
+        assert waiter.done() and router._bounds.untrained == {}
+
+    asyncio.run(main())
 
 
 def test_adoption_beyond_the_bound_is_refused_so_the_group_is_generated_again():
     async def main():
         router = LaminarRouter([ReplicaHandles(0, "a0", Server())], groups_per_batch=1,
-                               refresher=lambda r, v: asyncio.sleep(0), max_staleness=1)
+                               refresher=lambda r, v: asyncio.sleep(0), max_staleness=1, batch_groups=1)
         await router.start(3)
-        assert await router.adopt_group("old", 2, 1) is None  # 3 - 1 > 1
+        assert await router.adopt_group("old", 2, 1) is None  # trained at step 4 at the earliest: lag 2 > 1
         a = await router.adopt_group("recent", 2, 2)
         assert a is not None and a.version == 2
 
     asyncio.run(main())
+
+
+def test_the_bound_needs_the_groups_a_step_trains():
+    with pytest.raises(ValueError, match="data.train_batch_size"):
+        LaminarRouter([ReplicaHandles(0, "a0", Server())], groups_per_batch=1, max_staleness=1)
 
 
 class _Remote:
@@ -97,34 +140,24 @@ class _Remote:
 class FakeRouterHandle:
     def __init__(self, answers):
         self._answers = list(answers)
-        self.hold_publish = _Remote(lambda v: self._answers.pop(0) if self._answers else [])
+        self.calls: list = []
+        self.plan_batch = _Remote(self._plan)
+
+    def _plan(self, step, ready, dropped):
+        self.calls.append((step, ready, dropped))
+        return self._answers.pop(0)
 
 
-def test_the_trainer_waits_until_nothing_blocks_and_logs_what_it_waits_for(caplog):
+def test_the_trainer_logs_a_long_wait_and_counts_it(caplog):
     now = [0.0]
-    router = FakeRouterHandle([[("g1", 0, 1)]] * 3)
-
-    def sleep(s):
-        now[0] += 20.0  # each poll "takes" 20 s: the wait is logged at 30 s
-
-    with caplog.at_level("WARNING"):
-        waited = bound.wait_to_publish(router, 3, 1, health=lambda: None, get=lambda x: x, clock=lambda: now[0],
-                                       sleep=sleep)
-    assert waited == 60.0
-    assert "waits 40 s for 1 open groups older than 2" in caplog.text and "('g1', 0, 1)" in caplog.text
-
-
-def test_the_trainer_wait_ends_with_the_routers_failure():
-    class Stopped(RuntimeError):
-        pass
-
-    def health():
-        raise Stopped("the router stopped")
-
-    with pytest.raises(Stopped):
-        bound.wait_to_publish(FakeRouterHandle([[("g1", 0, 1)]] * 99), 3, 1, health=health, get=lambda x: x,
-                              sleep=lambda s: None)
-
-
-def test_unbounded_the_trainer_never_asks():
-    assert bound.wait_to_publish(object(), 3, None, health=lambda: None) == 0.0
+    router = FakeRouterHandle([None, None, None, ["g2"]])
+    planner = bound.BatchPlanner(lambda: router, 1, get=lambda x: x, clock=lambda: now[0])
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            assert planner(3, [("g2", 2)], []) is None
+            now[0] += 20.0  # each poll "takes" 20 s: the wait is logged at 30 s
+        assert planner(3, [("g2", 2)], ["gone"]) == ["g2"]
+    assert planner.wait_s == 60.0
+    assert "step 3 waits 40 s for groups still generating" in caplog.text
+    assert "step 3 took its batch after 60.0 s" in caplog.text
+    assert router.calls[-1] == (3, [("g2", 2)], ["gone"])

@@ -138,12 +138,15 @@ def test_staleness_is_a_histogram_matching_the_count(laminar_run):
 
 
 def test_the_staleness_bound_holds_on_every_step_and_drops_nothing(laminar_run):
-    """laminar.buffer.max_staleness=1: no trained trajectory finished more than one version behind the trainer, by
-    admission and the trainer's wait (each step still trains its whole batch: test_every_step_trains...)."""
+    """laminar.buffer.max_staleness=1: no trajectory was trained more than one version behind the weights it was
+    generated with (verl's lag), by admission and the trainer's choice (each step still trains its whole batch:
+    test_every_step_trains...)."""
     log, run, _ = laminar_run
-    assert f"staleness n - j is bounded to {BOUND} by laminar.buffer.max_staleness" in log
+    assert f"the lag at training (s - 1) - j is bounded to {BOUND} by laminar.buffer.max_staleness" in log
     for step, m in run.steps.items():
         assert m["laminar/staleness/max"] <= BOUND, (step, m["laminar/staleness/max"])
+        # verl's own lag at training, (global_steps - 1) - the trajectory's version: the bound's measure
+        assert m["training/off_policy/trajectory_staleness/max"] <= BOUND, (step, m)
         assert m["laminar/staleness/bound_wait_s"] >= 0.0, step
 
 

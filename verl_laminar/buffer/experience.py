@@ -175,6 +175,27 @@ class ExperienceBuffer:
             self._wait_s += self._clock() - t0
             return out
 
+    def ready(self) -> list[tuple[str, int]]:
+        """(group, version) of the complete groups not yet taken, in order of completion."""
+        with self._cond:
+            return [(g.group_id, g.version) for g in self._ready]
+
+    def take_ids(self, group_ids: list[str]) -> list[Group]:
+        """Take these complete groups, in the order given (a staleness bound chose them: ``policy.bound``)."""
+        with self._cond:
+            by_id = {g.group_id: g for g in self._ready}
+            missing = [g for g in group_ids if g not in by_id]
+            if missing or len(set(group_ids)) != len(group_ids):
+                raise InvariantViolation(f"take_ids({group_ids}): {missing or 'repeated ids'} not ready to take")
+            out = [by_id[g] for g in group_ids]
+            chosen = set(group_ids)
+            self._ready = deque(g for g in self._ready if g.group_id not in chosen)
+            for g in out:
+                self._closed_groups[g.group_id] = "taken"
+                self._expected.pop(g.group_id, None)
+            self._taken += len(out)
+            return out
+
     def requeue(self, groups: list[Group]) -> None:
         """Groups taken by a trainer that died before training them go back to the front, in their order."""
         with self._cond:

@@ -27,6 +27,7 @@ from verl_laminar.policy.accounting import InvariantViolation, single_version
 
 logger = logging.getLogger(__name__)
 
+Planner = Callable[[int, list, list], Optional[list]]  # (step, ready (group, version), dropped) -> groups | None
 HEALTH_EVERY_S = 5.0  # how often a wait for samples asks whether the rollout side still runs
 
 
@@ -78,13 +79,15 @@ def restored_records(partition: dict[str, dict], rollout_n: Optional[int], n_now
 
 class LaminarReplayBuffer(ReplayBufferAsync):
     def __init__(self, *args: Any, rollout_n: Optional[int] = None, health: Optional[Callable[[], None]] = None,
-                 **kwargs: Any) -> None:
+                 planner: Optional[Planner] = None, **kwargs: Any) -> None:
         kwargs.setdefault("poll_interval", POLL_S)
         super().__init__(*args, **kwargs)
         self.rollout_n = rollout_n
         self._health, self._health_at = health, float("-inf")
         self.experience = ExperienceBuffer()
         self._fed: set[str] = set()
+        self.planner = planner  # laminar.buffer.max_staleness: which complete groups a step trains (trainer.bound)
+        self._dropped: list[str] = []  # failed groups not yet told to the planner
         self.checked_trajectories = 0
 
     def _sync_metadata_from_transfer_queue(self) -> None:
@@ -103,6 +106,7 @@ class LaminarReplayBuffer(ReplayBufferAsync):
             self._clear_groups(partition_id, failed)
             for uid in failed:
                 self.experience.discard_group(uid, "rollout failure")
+                self._dropped.append(uid)
             logger.warning("%d prompt groups failed; refilling as many prompts", len(failed))
         partition = self.partitions[partition_id]
         for uid in sorted(self.finished_keys[partition_id] - self._fed):
@@ -124,9 +128,23 @@ class LaminarReplayBuffer(ReplayBufferAsync):
             if refill and self.refill_fn is not None:
                 self.refill_fn(refill)
             try:
-                groups = self.experience.take(batch_size, timeout=0 if refill else self.poll_interval)
+                if self.planner is None:
+                    groups = self.experience.take(batch_size, timeout=0 if refill else self.poll_interval)
+                else:
+                    groups = self._planned(global_steps, batch_size, 0 if refill else self.poll_interval)
                 break
             except BufferTimeout:
                 continue
         uids = [g.group_id for g in groups]
         return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), {}
+
+    def _planned(self, step: int, batch_size: int, wait_s: float) -> list:
+        """The batch the staleness bound chose (earliest deadline first), or BufferTimeout to poll again."""
+        ready = self.experience.ready()
+        chosen = None
+        if len(ready) >= batch_size:
+            chosen, self._dropped = self.planner(step, ready, self._dropped), []
+        if chosen is None:
+            time.sleep(wait_s)
+            raise BufferTimeout(f"{len(ready)} complete groups; step {step} waits for its batch")
+        return self.experience.take_ids(chosen)

@@ -105,11 +105,12 @@ VERL_OFF_POLICY_DEFAULT = 8  # verl's trainer/config/ppo_trainer.yaml (a contrac
 
 def check_off_policy_threshold(config: DictConfig, max_staleness: Optional[int]) -> None:
     """verl's staleness bound drops a trajectory once ``global_steps - submitted + 1 > threshold``; under Laminar
-    the bound is ``laminar.buffer.max_staleness`` (admission and the trainer's wait: nothing finished is dropped).
+    the bound is ``laminar.buffer.max_staleness`` (admission and the trainer's choice: nothing finished is dropped).
     verl's default passes with a log line; any other value a user set stops the run, naming the Laminar key."""
     value = OmegaConf.select(config, OFF_POLICY_KEY, default=None)
     if value is None or int(value) == VERL_OFF_POLICY_DEFAULT:
-        logger.info("laminar: %s (%s) is not used; staleness n - j is %s by laminar.buffer.max_staleness",
+        logger.info("laminar: %s (%s) is not used; the lag at training (s - 1) - j is %s by "
+                    "laminar.buffer.max_staleness",
                     OFF_POLICY_KEY, value, "unbounded" if max_staleness is None else f"bounded to {max_staleness}")
         return
     raise ValueError(f"{OFF_POLICY_KEY}={value}: under +laminar=enabled the staleness bound is "

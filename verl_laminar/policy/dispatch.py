@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import AbstractSet, Iterable, Mapping, Optional, Sequence, Union
 
 
 class DispatchError(RuntimeError):
@@ -136,12 +136,14 @@ def _newest_for(newest: Union[int, Mapping[int, int], None], replica_id: int) ->
 
 
 def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int, Mapping[int, int], None],
-                  cfg: DispatchPolicy, floor: Optional[int] = None) -> DispatchPlan:
+                  cfg: DispatchPolicy, floor: Optional[int] = None, limit: Optional[int] = None,
+                  exempt: AbstractSet[str] = frozenset()) -> DispatchPlan:
     """Refresh idle replicas that are behind, then hand queued groups (FIFO) to replicas with room.
 
     A group goes to the accepting replica with the newest version (fresher data), then the one that took
     the fewest groups this batch (spread the load), then the lowest id (deterministic plans). ``floor``: a
-    replica serving an older version takes nothing (the staleness bound, ``policy.bound``).
+    replica serving an older version takes nothing, and ``limit`` groups are assigned at most (the staleness bound,
+    ``policy.bound``); groups in ``exempt`` (validation, never trained) are held to neither.
     """
     if len(set(queue)) != len(queue):
         raise DispatchError(f"queue holds a group twice: {sorted(g for g in set(queue) if queue.count(g) > 1)}")
@@ -150,18 +152,21 @@ def plan_dispatch(state: DispatchState, queue: Sequence[str], newest: Union[int,
         raise DispatchError(f"groups {pinned[:5]} are already assigned; finish_group them before re-queueing")
     refreshes = tuple(d for r in state.replicas if (d := decide_refresh(r, _newest_for(newest, r.replica_id))))
     refreshing = {d.replica_id for d in refreshes}
-    room = {r.replica_id: r for r in state.replicas if r.accepts(cfg) and r.replica_id not in refreshing
-            and (floor is None or r.version >= floor)}
+    room = {r.replica_id: r for r in state.replicas if r.accepts(cfg) and r.replica_id not in refreshing}
     taken = {rid: r.taken for rid, r in room.items()}
     assignments: list[Assignment] = []
     waiting: list[str] = []
+    bounded = 0
     for group in queue:
-        open_ids = [rid for rid in room if taken[rid] < cfg.groups_per_batch]
-        if not open_ids:
+        held = group not in exempt
+        open_ids = [rid for rid in room if taken[rid] < cfg.groups_per_batch
+                    and not (held and floor is not None and room[rid].version < floor)]
+        if not open_ids or (held and limit is not None and bounded >= limit):
             waiting.append(group)
             continue
         rid = min(open_ids, key=lambda i: (-room[i].version, taken[i], i))
         taken[rid] += 1
+        bounded += held
         assignments.append(Assignment(group, rid, room[rid].version))
     return DispatchPlan(refreshes, tuple(assignments), tuple(waiting))
 

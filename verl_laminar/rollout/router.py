@@ -23,7 +23,7 @@ the chain's length, and retries a failed wait; the router applies its outcome. v
 ``rollout.balancer``. A replica dies: ``rollout.router_failover.ReplicaFailover``, a component given a narrow
 ``FailoverHost`` (the router's methods under "failover host") and the books it reads (``rollout.books``).
 ``bench.repack`` drives this same loop over its own engines (``bench.router_run``). The staleness bound:
-``policy.bound`` (admission floor in ``_pump``, the trainer's ``hold_publish``).
+``rollout.router_bound`` (admission in ``_pump``; the trainer's batch from ``plan_batch``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
-from verl_laminar.policy.bound import StalenessBound
 from verl_laminar.policy.dispatch import (
     Assignment,
     DispatchPlan,
@@ -57,6 +56,7 @@ from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, Replica
 from verl_laminar.rollout.refresh import LoaderSettings, VersionLoader, refresh_replica
 from verl_laminar.rollout.repack import RepackRounds, apply_moves
 from verl_laminar.rollout.repack_driver import RepackDriver, RepackSettings
+from verl_laminar.rollout.router_bound import BoundBook
 from verl_laminar.rollout.router_failover import ReplicaFailover
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ class LaminarRouter(VerlBalancerProtocol):
                  relays: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic, repack: Optional[RepackSettings] = None,
                  reader: Optional[Callable[[str], Any]] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None) -> None:
+                 chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None,
+                 batch_groups: Optional[int] = None) -> None:
         self._book = ReplicaBook.of(replicas, relays)  # handles, relays, requests in flight (rollout.books)
         self._groups = GroupBook()  # sizes, responses finished, assignment times, validation groups
         self._cfg = DispatchPolicy(groups_per_batch)
@@ -87,13 +88,12 @@ class LaminarRouter(VerlBalancerProtocol):
         self._queue: list[str] = []
         self._waiters: dict[str, asyncio.Future] = {}
         self._published: Optional[int] = None
-        self._bound, self._publishing = StalenessBound(max_staleness), None  # policy.bound; hold_publish's version
+        self._bounds = BoundBook(max_staleness, batch_groups)  # policy.bound: untrained groups, steps sampled
         self._tasks: set[asyncio.Task] = set()
         self._events = ev.EventLog()  # typed events the trainer drains (rollout.events)
         # dead, parked, lost and fenced replicas and groups, replacements to come (rollout.router_failover)
         self._failover = ReplicaFailover(self, self._book, self._groups, self._cfg, replacements, clock)
-        self._rollout_wait_s = 0.0
-        self._refreshes = 0
+        self._rollout_wait_s, self._refreshes = 0.0, 0
         self._error: Optional[BaseException] = None
         self._closed = False
         self._repack = (RepackDriver(self, RepackRounds(repack.policy), repack.interval_s, reader, clock)
@@ -103,7 +103,7 @@ class LaminarRouter(VerlBalancerProtocol):
     async def on_publish(self, version: int) -> None:
         if self._published is not None and version <= self._published:
             raise ValueError(f"published version {version} is not newer than {self._published}")
-        self._published, self._publishing = int(version), None
+        self._published = int(version)
         self._pump()
         if self._repack is not None and self._repack.started:
             self.spawn(self._repack.round())  # Laminar repacks right after each publication too
@@ -126,13 +126,12 @@ class LaminarRouter(VerlBalancerProtocol):
             self._repack.start()
         return self.versions()
 
-    def hold_publish(self, version: int) -> list[tuple[str, int, int]]:
-        """The trainer is about to publish ``version``: from now on no group is admitted that would finish beyond the
-        staleness bound then; it publishes once this answers no open group (group, replica, version) that would."""
-        self._publishing = int(version) if self._bound.on else None
-        self._pump()
-        blocking = self._bound.blockers(self._state.pins, int(version), self._groups.validate)
-        return [(a.group_id, a.replica_id, a.version) for a in blocking]
+    def plan_batch(self, step: int, ready: list[tuple[str, int]], dropped: Sequence[str] = ()) -> Optional[list[str]]:
+        """The groups of ``ready`` (group, version) step ``step`` trains, or None: wait (``rollout.router_bound``)."""
+        chosen = self._bounds.plan(step, ready, self._state.pins, self._groups.validate, dropped)
+        if chosen is not None or dropped:
+            self._pump()  # the next step's admission opens, or a dropped group's room
+        return chosen
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop dispatching and refreshing (before the relays go away); waits for loads in progress."""
@@ -185,7 +184,7 @@ class LaminarRouter(VerlBalancerProtocol):
         while self._published is None:  # a resumed trainer's re-issued prompts may come before its first publication
             self._raise_if_failed()
             await asyncio.sleep(0.05)
-        if not self._bound.adoptable(version, self._published):
+        if not self._bounds.bound.adoptable(version, self._bounds.next_step(self._published)):
             return None  # older than laminar.buffer.max_staleness allows: the caller generates it again
         a = self._groups.adopt(group_id, n, version, self._published, self._clock())
         for i in range(n):
@@ -226,6 +225,8 @@ class LaminarRouter(VerlBalancerProtocol):
         return n
 
     async def finish_group(self, group_id: str) -> None:
+        pin = self._state.pins.get(group_id) or self._groups.adopted.get(group_id)
+        self._bounds.finished(group_id, pin, self._groups)  # a training group waits for the trainer (plan_batch)
         adopted = self._groups.adopted.pop(group_id, None) is not None
         self._state, ended = (self._state, False) if adopted else finish_group(self._state, group_id)
         self._groups.forget(group_id)
@@ -255,8 +256,7 @@ class LaminarRouter(VerlBalancerProtocol):
         return await self._failover.replica_misbehaved(group_id, version, reason, server_id)
 
     def continued_from_pool(self, group_id: str, request_id: str, tokens: int) -> None:
-        """A dead replica's request continues on the group's new replica from ``tokens`` it streamed to the
-        partial-response pool (the trainer counts these: ``laminar/ft/pool_continued*``)."""
+        """A dead replica's request continues from the pool (the trainer counts: ``laminar/ft/pool_continued*``)."""
         self._events.add(ev.Continued(group_id, request_id, int(tokens)))
 
     def add_replica(self, replica: ReplicaHandles, relay: Any = None, replaces: Optional[int] = None) -> None:
@@ -385,8 +385,8 @@ class LaminarRouter(VerlBalancerProtocol):
         self._failover.sync_holds()  # the relays keep what a death would need (rollout.holds)
         if self._published is None or self._closed or self._error is not None:
             return  # nothing published yet (replicas hold no weights), shutting down, or stopped
-        floor = self._bound.floor(self._published, self._publishing)
-        plan = plan_dispatch(self._state, self._queue, self._published, self._cfg, floor)
+        floor, limit = self._bounds.admission(self._state.pins, self._groups.validate, self._published)
+        plan = plan_dispatch(self._state, self._queue, self._published, self._cfg, floor, limit, self._groups.validate)
         self._state = apply_plan(self._state, plan, self._cfg)
         self._queue = list(plan.waiting)
         for d in plan.refreshes:

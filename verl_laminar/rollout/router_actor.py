@@ -20,7 +20,7 @@ ROUTER_NAME = "laminar_router"
 
 # name -> whether LaminarRouter's method is a coroutine (the shell awaits it on the actor's event loop)
 TRAINER_API = {"start": True, "on_publish": True, "close": True, "drain_events": False, "snapshot": False,
-               "versions": False, "failure": False, "hold_publish": False}
+               "versions": False, "failure": False, "plan_batch": False}
 AGENT_LOOP_API = {"assign_group": True, "adopt_group": True, "acquire_pinned": True, "release_server": True,
                   "migrated": True, "trajectory_finished": True, "finish_group": True, "report_violation": True,
                   "replica_failed": True, "replica_misbehaved": True, "continued_from_pool": False}
@@ -60,15 +60,17 @@ for _name, _is_async in EXTERNAL_API.items():
 def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, relays: Optional[dict] = None,
                  max_concurrency: int = 10_000, name: str = ROUTER_NAME,
                  repack: Optional[RepackSettings] = None, refresh: Optional[RefreshSettings] = None,
-                 chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None) -> Any:
+                 chain_relays: int = 1, replacements: int = 0, max_staleness: Optional[int] = None,
+                 batch_groups: Optional[int] = None) -> Any:
     """The Ray actor: each unassigned group holds one pending call, so concurrency must exceed the queue.
 
     ``refresh`` (``LaminarConfig.refresh_settings``) and ``chain_relays`` (the relay chain's length, master
     included) set the refresh deadlines; the defaults suit one machine. ``replacements``: how many dead replicas
     the fleet will replace (``laminar.replace``), so that losing every replica waits for one instead of failing.
-    ``max_staleness``: ``laminar.buffer.max_staleness`` (None: measured, not bounded)."""
+    ``max_staleness``: ``laminar.buffer.max_staleness`` (None: measured, not bounded); ``batch_groups``: the
+    groups each training step takes (``data.train_batch_size``), which the bound's admission counts in."""
     import ray
 
     return ray.remote(RouterShell).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
         replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays,
-        replacements=replacements, max_staleness=max_staleness)
+        replacements=replacements, max_staleness=max_staleness, batch_groups=batch_groups)

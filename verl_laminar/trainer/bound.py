@@ -1,7 +1,7 @@
-"""The trainer's half of ``laminar.buffer.max_staleness`` (``policy.bound``): before it publishes version v it waits
-until no open training group has a version below v - k. The router admits none meanwhile, so the wait ends as those
-groups finish; a router that stops ends it with its cause (the health check), and a long wait is logged with the
-groups it waits for, never silent."""
+"""The trainer's half of ``laminar.buffer.max_staleness`` (``policy.bound``): each step asks the router which of the
+complete groups to train (``LaminarRouter.plan_batch``: earliest deadline first), and waits while the router says a
+group still generating must go first. The wait ends as that group finishes; a router that stops ends it with its
+cause (the replay buffer's health check), and a long wait is logged, never silent."""
 
 from __future__ import annotations
 
@@ -11,37 +11,38 @@ from typing import Any, Callable, Optional
 
 logger = logging.getLogger("verl_laminar.trainer.laminar_trainer")
 
-POLL_S = 0.2
 LOG_EVERY_S = 30.0
 
 
-def wait_to_publish(router: Any, version: int, k: Optional[int], health: Callable[[], None],
-                    get: Optional[Callable[[Any], Any]] = None, clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> float:
-    """Block until ``version`` may be published within the bound ``k``; returns the seconds waited (0 when
-    unbounded). ``health`` raises if the rollouts stopped (``LaminarTrainer._rollouts_run``)."""
-    if k is None:
-        return 0.0
-    if get is None:
-        import ray
+class BatchPlanner:
+    """``LaminarReplayBuffer``'s planner: (step, ready, dropped) -> the groups to train, or None to wait."""
 
-        get = ray.get
-    t0 = logged = clock()
-    held = False  # some poll found groups blocking: only then is the wait worth a line
-    while True:
-        blocking = get(router.hold_publish.remote(int(version)))
-        if not blocking:
-            waited = clock() - t0
-            if held:
-                logger.info("laminar: version %d published after %.1f s waiting for the groups older than the "
-                            "staleness bound %d", version, waited, k)
-            return waited
-        held = True
-        health()
-        now = clock()
-        if now - logged >= LOG_EVERY_S:
-            logged = now
-            logger.warning("laminar: version %d waits %.0f s for %d open groups older than %d (max_staleness=%d), "
-                           "oldest (group, replica, version): %s", version, now - t0, len(blocking),
-                           version - k, k, blocking[:5])
-        sleep(POLL_S)
+    def __init__(self, router: Callable[[], Any], k: int, get: Optional[Callable[[Any], Any]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._router, self.k, self._get, self._clock = router, int(k), get, clock
+        self.wait_s = 0.0  # laminar/staleness/bound_wait_s: time a step had a full batch ready and waited
+        self._since: Optional[float] = None
+        self._logged = 0.0
+
+    def __call__(self, step: int, ready: list, dropped: list) -> Optional[list]:
+        get = self._get
+        if get is None:
+            import ray
+
+            get = ray.get
+        chosen = get(self._router().plan_batch.remote(int(step), list(ready), list(dropped)))
+        now = self._clock()
+        if chosen is None:
+            if self._since is None:
+                self._since = self._logged = now
+            elif now - self._logged >= LOG_EVERY_S:
+                self._logged = now
+                logger.warning("laminar: step %d waits %.0f s for groups still generating that are due sooner than "
+                               "the %d complete ones (max_staleness=%d)", step, now - self._since, len(ready), self.k)
+            return None
+        if self._since is not None:
+            waited, self._since = now - self._since, None
+            self.wait_s += waited
+            logger.info("laminar: step %d took its batch after %.1f s waiting for groups due sooner "
+                        "(max_staleness=%d)", step, waited, self.k)
+        return chosen

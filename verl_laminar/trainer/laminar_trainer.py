@@ -75,7 +75,6 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
 
         self._uids = StableUids() if self.laminar.fleet.detached else None
         self._started_s, self._until, self._shut = time.monotonic(), None, False  # laminar.run_until
-        self._bound_wait_s = 0.0  # laminar.buffer.max_staleness: time spent before publications (trainer.bound)
         super().__init__(config)
 
     # ---- construction ----
@@ -87,12 +86,14 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         from verl_laminar.buffer.replay import LaminarReplayBuffer
 
         sampler = self.config.trainer.v1.sampler
+        k = self.laminar.buffer.max_staleness  # earliest deadline first, within the bound (trainer.bound)
         return LaminarReplayBuffer(
             trainer_mode=self.trainer_mode, trainer_config=self.config.trainer.v1.get(self.trainer_mode, {}),
             max_off_policy_threshold=None, max_off_policy_strategy=sampler.max_off_policy_strategy,
             sampler_kwargs=sampler.sampler_kwargs, refill_fn=self._add_prompts_to_generate,
             filter_groups_metric=buffer.filter_groups_metric,
-            rollout_n=int(self.config.actor_rollout_ref.rollout.n), health=self._rollouts_run)
+            rollout_n=int(self.config.actor_rollout_ref.rollout.n), health=self._rollouts_run,
+            planner=None if k is None else bound.BatchPlanner(lambda: self.router, k))
 
     def _rollouts_run(self) -> None:
         """Raise why the router stopped (a failed refresh, no replica left): the run ends with that cause."""
@@ -145,7 +146,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                    repack=repack, refresh=self.laminar.refresh_settings(),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled
-                                   else 0, max_staleness=self.laminar.buffer.max_staleness)
+                                   else 0, max_staleness=self.laminar.buffer.max_staleness,
+                                   batch_groups=int(self.config.data.train_batch_size))
         from verl_laminar.trainer.hang import ReplicaKiller, start_hang_watch
         from verl_laminar.trainer.replace import start_replacement
 
@@ -288,8 +290,6 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if self.prev_step_profile:
             self._stop_rollout_profiling()
         self._faults.land_armed()  # a replica fault armed after the previous step strikes before this publication
-        self._bound_wait_s += bound.wait_to_publish(self.router, int(self.global_steps),
-                                                    self.laminar.buffer.max_staleness, self._rollouts_run)
         self._pending_sync_metrics = self._publish(int(self.global_steps))
         ray.get(self.router.on_publish.remote(int(self.global_steps)))
         self._faults.strike(int(self.global_steps))  # laminar.fault_injection (testing only)
@@ -332,7 +332,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     lm.FLEET_ADOPTED: float(self._fleet["adopted"]),
                     lm.FLEET_ADOPTED_TOKENS: float(self._fleet["adopted_tokens"]),
                     lm.FLEET_ADOPTED_TRAINED: float(self._fleet["adopted_trained"]),
-                    lm.STALENESS_BOUND_WAIT: float(self._bound_wait_s),
+                    lm.STALENESS_BOUND_WAIT: float(getattr(self.replay_buffer.planner, "wait_s", 0.0)),
                     lm.FT_HUNG_REPLICAS: float(len(self._hang_watch.hung)),
                     **self._replacement_metrics(),
                     lm.FT_LIVE_REPLICAS: float(len(snap_router["versions"]) - len(snap_router["dead"]))})
