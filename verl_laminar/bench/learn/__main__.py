@@ -42,7 +42,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--heldout-rows", type=int, default=None, help="held-out rows evaluated (default 128; 0: all)")
     ap.add_argument("--dev-rows", type=int, default=None, help="dev rows for the reward target (default 32)")
     ap.add_argument("--reward-margin", type=float, default=0.2, help="reward target = warm start's dev reward + this")
-    ap.add_argument("--heldout-margin", type=float, default=0.1,
+    ap.add_argument("--heldout-margin", type=float, default=0.25,
                     help="held-out target = warm start's held-out accuracy + this")
     ap.add_argument("--window", type=int, default=5, help="steps in the reward's trailing mean for the reward target")
     for key, default, about in (("batch", 8, "prompts per step"), ("group", 4, "responses per prompt"),

@@ -40,7 +40,7 @@ class LearnConfig:
     heldout_rows: int = 128
     dev_rows: int = 64
     reward_margin: float = 0.2
-    heldout_margin: float = 0.1
+    heldout_margin: float = 0.25
     window: int = 5
     startup_s: float = 900.0
     keep_checkpoints: bool = False
