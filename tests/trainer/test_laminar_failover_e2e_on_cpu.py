@@ -79,9 +79,10 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
     else:
         signal = "SIGKILL" if fault == "kill" else "SIGSTOP"
         done = "killed" if fault == "kill" else "stopped"
-        hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of PIDs \[([\d, ]+)\]\)", log)
+        # trainer.procs names each process it signalled: (node, PID, name), on the replica's own node
+        hit = re.findall(rf"fault_injection: {done} replica (\d+) \({signal} of (\[\('\w+', \d+, .*?\)\])\)", log)
         assert [int(r) for r, _ in hit] == [KILLED], hit
-    hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of PIDs", log)
+    hung = re.findall(r"laminar hang watch: killed replica (\d+) \(SIGKILL of \[", log)
     assert [int(r) for r in hung] == ([KILLED] if fault == "hang" else []), hung
     first = FIRST_STEP[fault]
     assert sorted(run.steps) == list(range(first, steps + 1))
@@ -170,7 +171,8 @@ def test_a_replacement_joins_loads_a_version_from_its_relay_and_its_trajectories
 @pytest.mark.parametrize("failover_run", ["kill"], indirect=True)
 def test_a_killed_pool_restarts_from_its_log_and_the_run_goes_on(failover_run):
     _, log, run, _, steps = failover_run
-    killed = re.findall(r"fault_injection: killed the partial-response pool \(SIGKILL of PID (\d+)\) after step (\d+)",
+    killed = re.findall(r"fault_injection: killed the partial-response pool \(SIGKILL of PID (\d+) on node \w+\) "
+                        r"after step (\d+)",
                         log)
     assert [int(step) for _, step in killed] == [POOL_KILLED], killed
     back = re.findall(r"the partial-response pool answers again after ([\d.]+) s \(PID (\d+)", log)
