@@ -36,7 +36,7 @@ def _netns_usable() -> bool:
 
 
 @pytest.mark.skipif(not _netns_usable(), reason="needs root, ip netns, tc htb/u32")
-def test_small_broadcast_on_testbed_both_transports_and_loopback(tmp_path):
+def test_small_broadcast_on_testbed_both_transports_loopback_and_delta_rows(tmp_path, tiny_model_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "verl_laminar.bench.relay", "--relays", "3", "--size-mb", "4",
          "--link-mbps", "400", "--loopback-mb", "16", "--json"],
@@ -63,5 +63,14 @@ def test_small_broadcast_on_testbed_both_transports_and_loopback(tmp_path):
         assert len(r["t_hop_s"]) == r["repeats"]
     assert loop["tcp_speedup_vs_before"] == pytest.approx(
         loop["rows"]["tcp"]["gb_per_s"] / loop["rows"]["tcp_before"]["gb_per_s"], rel=0.01)
+    # the delta rows: versions of the tiny model trained at lr 1e-6, version 1 sent whole (off) and as a delta (auto)
+    deltas = result["delta"]
+    assert deltas["versions"]["lr"] == 1e-6 and 0 < deltas["versions"]["changed_share_model"][0] < 0.01, deltas
+    off, auto = deltas["modes"]["off"], deltas["modes"]["auto"]
+    assert off["integrity"] == auto["integrity"] == "ok", deltas
+    assert off["sent_as_delta"] == off["applied"] == 0 and off["bytes_whole_sent"] >= 2 * (4 << 20), off
+    assert auto["sent_as_delta"] == 1 and auto["applied"] == 2, auto  # both downstream relays rebuilt it
+    assert 0 < auto["wire_bytes"] == auto["bytes_delta_sent"] < 0.05 * off["wire_bytes"], (auto, off)
+    assert deltas["delta_bytes"] < deltas["version_bytes"] and deltas["rebuild_s"] > 0
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     assert not [n for n in listed if n.startswith(f"lmr{proc.pid % 100000}")]  # it removed what it created

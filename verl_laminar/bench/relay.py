@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Optional
 
-from verl_laminar.bench import relay_loopback
+from verl_laminar.bench import relay_delta, relay_loopback
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.policy.chain import ChainPlan, best_chunks, chain_time, t_star
 from verl_laminar.relay.netns import NetnsTestbed, NetnsUnavailable
@@ -273,6 +273,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help=f"comma-separated, run side by side on the same testbed (default: {','.join(TRANSPORTS)})")
     ap.add_argument("--loopback-mb", type=int, default=256,
                     help="bytes per loopback hop, in MiB (0: skip the loopback part)")
+    ap.add_argument("--delta-lr", type=float, default=1e-6,
+                    help="learning rate of the training that makes the delta rows' versions (0: no delta rows)")
     ap.add_argument("--out", default="runs/relay-bench", help="directory for the sweep JSON and plot")
     ap.add_argument("--results", default=None, metavar="DIR",
                     help="also write the JSON to DIR/<results-name>_<date>.json (the README cites docs/results)")
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix=f"laminar-bench-{os.getpid()}-", dir=base)
     bed = NetnsTestbed(max(ps), a.link_mbps, a.delay_ms)
     benches: list[Bench] = []
-    loop = None
+    loop = deltas = None
     try:
         bed.up()
         data = os.urandom(a.size_mb * MB)
@@ -328,6 +330,11 @@ def main(argv=None) -> int:
         for t in a.transports:  # same bytes, same testbed, one after the other
             benches.append(Bench(a, bed, workdir, t, data))
             rows[t] = [benches[-1].run(p) for p in ps]
+        if a.delta_lr > 0:  # versions from real training, as deltas and whole, on the same testbed
+            versions, made = relay_delta.trained_versions(a.size_mb * MB, lr=a.delta_lr)
+            row = next((r for r in rows[a.transports[0]] if r["relays"] == a.relays), rows[a.transports[0]][-1])
+            deltas = {"versions": made, **relay_delta.run(bed, workdir, row["relays"], row["chunks"], versions,
+                                                          a.transports[0], a.relay_sched)}
         if a.loopback_mb:
             loop = relay_loopback.run(loopback_variants(a.transports), a.loopback_mb,
                                       chunks=max(1, (a.loopback_mb * MB) // (8 * MB)), workdir=workdir)
@@ -345,6 +352,8 @@ def main(argv=None) -> int:
     result: dict = {**prov, "transports": {t: (r if a.sweep else r[0]) for t, r in rows.items()}}
     if loop is not None:
         result["loopback"] = loop
+    if deltas is not None:
+        result["delta"] = deltas
     if a.sweep:
         os.makedirs(a.out, exist_ok=True)
         plot = os.path.join(a.out, "relay_sweep.png")
@@ -359,10 +368,11 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(result, indent=2))
     else:
-        for line in summary_lines(rows, loop):
+        for line in summary_lines(rows, loop) + relay_delta.summary_lines(deltas):
             print(line)
     failed = [r for rs in rows.values() for r in rs if r["integrity"] != "ok"]
     failed += [r for r in (loop or {}).get("rows", {}).values() if r["integrity"] != "ok"]
+    failed += [r for r in (deltas or {}).get("modes", {}).values() if r["integrity"] != "ok"]
     return 1 if failed else 0
 
 
