@@ -159,7 +159,8 @@ def test_a_planner_chooses_the_batch_and_hears_of_failed_groups(fake_tq):
     calls: list = []
     answers = [None, ["old"]]
 
-    def planner(step, ready, dropped):
+    def planner(step, ready, dropped, size):
+        assert size == 1  # the batch size verl asks for
         calls.append((step, sorted(ready), list(dropped)))
         return answers.pop(0)
 

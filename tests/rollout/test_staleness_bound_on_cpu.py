@@ -143,8 +143,8 @@ class FakeRouterHandle:
         self.calls: list = []
         self.plan_batch = _Remote(self._plan)
 
-    def _plan(self, step, ready, dropped):
-        self.calls.append((step, ready, dropped))
+    def _plan(self, step, ready, dropped, size):
+        self.calls.append((step, ready, dropped, size))
         return self._answers.pop(0)
 
 
@@ -156,8 +156,8 @@ def test_the_trainer_logs_a_long_wait_and_counts_it(caplog):
         for _ in range(3):
             assert planner(3, [("g2", 2)], []) is None
             now[0] += 20.0  # each poll "takes" 20 s: the wait is logged at 30 s
-        assert planner(3, [("g2", 2)], ["gone"]) == ["g2"]
+        assert planner(3, [("g2", 2)], ["gone"], 1) == ["g2"]
     assert planner.wait_s == 60.0
     assert "step 3 waits 40 s for groups still generating" in caplog.text
     assert "step 3 took its batch after 60.0 s" in caplog.text
-    assert router.calls[-1] == (3, [("g2", 2)], ["gone"])
+    assert router.calls[-1] == (3, [("g2", 2)], ["gone"], 1)

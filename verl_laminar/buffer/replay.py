@@ -27,7 +27,7 @@ from verl_laminar.policy.accounting import InvariantViolation, single_version
 
 logger = logging.getLogger(__name__)
 
-Planner = Callable[[int, list, list], Optional[list]]  # (step, ready (group, version), dropped) -> groups | None
+Planner = Callable[[int, list, list, int], Optional[list]]  # (step, ready (group, version), dropped, size) -> groups
 HEALTH_EVERY_S = 5.0  # how often a wait for samples asks whether the rollout side still runs
 
 
@@ -143,7 +143,7 @@ class LaminarReplayBuffer(ReplayBufferAsync):
         ready = self.experience.ready()
         chosen = None
         if len(ready) >= batch_size:
-            chosen, self._dropped = self.planner(step, ready, self._dropped), []
+            chosen, self._dropped = self.planner(step, ready, self._dropped, batch_size), []
         if chosen is None:
             time.sleep(wait_s)
             raise BufferTimeout(f"{len(ready)} complete groups; step {step} waits for its batch")

@@ -126,9 +126,9 @@ class LaminarRouter(VerlBalancerProtocol):
             self._repack.start()
         return self.versions()
 
-    def plan_batch(self, step: int, ready: list[tuple[str, int]], dropped: Sequence[str] = ()) -> Optional[list[str]]:
-        """The groups of ``ready`` (group, version) step ``step`` trains, or None: wait (``rollout.router_bound``)."""
-        chosen = self._bounds.plan(step, ready, self._state.pins, self._groups.validate, dropped)
+    def plan_batch(self, step: int, ready: list, dropped: Sequence = (), size: Optional[int] = None) -> Optional[list]:
+        """The ``size`` groups of ``ready`` (group, version) step ``step`` trains, or None: wait (``router_bound``)."""
+        chosen = self._bounds.plan(step, ready, self._state.pins, self._groups.validate, dropped, size)
         if chosen is not None or dropped:
             self._pump()  # the next step's admission opens, or a dropped group's room
         return chosen

@@ -48,15 +48,15 @@ class BoundBook:
         return self.bound.admission(self.next_step(published), int(published), self.per_step, versions)
 
     def plan(self, step: int, ready: Sequence[tuple[str, int]], pins: Mapping[str, Assignment],
-             validate: set[str], dropped: Iterable[str] = ()) -> Optional[list[str]]:
-        """The groups step ``step`` trains among ``ready`` (the trainer's complete groups), or None to wait.
-        ``dropped``: finished groups the trainer will never take (their prompts failed and were refilled)."""
+             validate: set[str], dropped: Iterable[str] = (), size: Optional[int] = None) -> Optional[list[str]]:
+        """The ``size`` groups (default: a step's) step ``step`` trains among ``ready`` (the trainer's complete
+        groups), or None to wait. ``dropped``: finished groups the trainer will never take (their prompts failed)."""
         for g in dropped:
             self.untrained.pop(g, None)
         ready = [(str(g), int(v)) for g, v in ready]
         have = {g for g, _ in ready}
         pending = self._open(pins, validate | have) + [v for g, v in self.untrained.items() if g not in have]
-        chosen = self.bound.choose(int(step), ready, pending, self.per_step)
+        chosen = self.bound.choose(int(step), ready, pending, int(size or self.per_step))
         if chosen is None:
             return None
         versions = dict(ready)

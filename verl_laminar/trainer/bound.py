@@ -15,7 +15,7 @@ LOG_EVERY_S = 30.0
 
 
 class BatchPlanner:
-    """``LaminarReplayBuffer``'s planner: (step, ready, dropped) -> the groups to train, or None to wait."""
+    """``LaminarReplayBuffer``'s planner: (step, ready, dropped, size) -> the groups to train, or None to wait."""
 
     def __init__(self, router: Callable[[], Any], k: int, get: Optional[Callable[[Any], Any]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -24,13 +24,13 @@ class BatchPlanner:
         self._since: Optional[float] = None
         self._logged = 0.0
 
-    def __call__(self, step: int, ready: list, dropped: list) -> Optional[list]:
+    def __call__(self, step: int, ready: list, dropped: list, size: Optional[int] = None) -> Optional[list]:
         get = self._get
         if get is None:
             import ray
 
             get = ray.get
-        chosen = get(self._router().plan_batch.remote(int(step), list(ready), list(dropped)))
+        chosen = get(self._router().plan_batch.remote(int(step), list(ready), list(dropped), size))
         now = self._clock()
         if chosen is None:
             if self._since is None:
