@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,20 +15,10 @@ from pathlib import Path
 import pytest
 
 from verl_laminar.fleet import emulated_host as host
-from verl_laminar.fleet.emulated import EmulatedCluster
+from verl_laminar.fleet.emulated import EmulatedCluster, unavailable
 from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
 
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network, PID and mount namespaces)"
-    for tool, pkg in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (apt-get install {pkg})"
-    return ""
-
-
-needs_host = pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok")
+needs_host = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "ok")
 
 
 def _ours(cluster_id: str) -> dict[str, list[str]]:

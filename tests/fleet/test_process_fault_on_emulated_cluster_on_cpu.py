@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,20 +21,10 @@ from pathlib import Path
 import pytest
 
 from verl_laminar.fleet import emulated_host as host
-from verl_laminar.fleet.emulated import EmulatedCluster
+from verl_laminar.fleet.emulated import EmulatedCluster, unavailable
 from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
 
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network, PID and mount namespaces)"
-    for tool in ("ip", "tc", "unshare", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (iproute2, util-linux)"
-    return ""
-
-
-needs_host = pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok")
+needs_host = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "ok")
 DRIVER = Path(__file__).with_name("emulated_fault_driver.py")
 
 

@@ -7,30 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from verl_laminar.fleet.emulated import EmulatedCluster
+from verl_laminar.fleet.emulated import EmulatedCluster, unavailable
 from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
-
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network, PID and mount namespaces)"
-    for tool in ("ip", "tc", "unshare", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (iproute2, util-linux)"
-    return ""
-
 
 DRIVER = Path(__file__).with_name("emulated_relay_driver.py")
 
 
-@pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok")
+@pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "ok")
 @pytest.mark.e2e
 def test_a_replica_on_a_node_without_a_relay_gets_one_there_also_after_its_relay_died(tmp_path):
     t0 = time.monotonic()

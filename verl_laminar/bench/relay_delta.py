@@ -24,6 +24,7 @@ import shutil
 import time
 from typing import Optional
 
+from verl_laminar.bench.learn.task import sha256
 from verl_laminar.policy.chain import ChainPlan
 from verl_laminar.relay import delta
 from verl_laminar.relay.netns import NetnsTestbed
@@ -150,7 +151,7 @@ def _one(bed: NetnsTestbed, root: str, p: int, chunks: int, versions: list[bytes
         cpu = [pr.call("cpu_stats") for pr in procs]
         stats = [pr.call("delta_stats") for pr in procs]
         want = hashlib.sha256(versions[last]).hexdigest()
-        bad = [pr.relay_id for pr in procs if _sha_file(pr.call("describe", last)["path"]) != want]
+        bad = [pr.relay_id for pr in procs if sha256(pr.call("describe", last)["path"]) != want]
     finally:
         for pr in procs:
             if pr.alive():
@@ -167,13 +168,6 @@ def _one(bed: NetnsTestbed, root: str, p: int, chunks: int, versions: list[bytes
             "relay_cpu_s": round(sum(b["run_s"] - a["run_s"] for a, b in zip(cpu0, cpu)), 3),
             "integrity": "ok" if not bad else bad}
 
-
-def _sha_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def summary_lines(deltas: Optional[dict]) -> list[str]:

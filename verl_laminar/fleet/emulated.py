@@ -217,13 +217,9 @@ class EmulatedCluster:
 
     # ---------------------------------------------------------------- internals
     def _check(self) -> None:
-        try:
-            netns.check_tools()
-        except netns.NetnsUnavailable as e:
-            raise ClusterUnavailable(str(e)) from e
-        for tool, pkg in (("unshare", "util-linux"), ("nsenter", "util-linux"), ("mount", "mount")):
-            if shutil.which(tool) is None:
-                raise ClusterUnavailable(f"`{tool}` is not installed; install {pkg}")
+        why = unavailable()
+        if why:
+            raise ClusterUnavailable(why)
 
     def _node(self, name: str) -> Node:
         if name not in self.nodes:
@@ -367,3 +363,15 @@ def _kept_under_tmp() -> list[str]:
             if os.path.isdir(top):
                 tops.add(top)
     return sorted(tops)
+
+
+def unavailable() -> str:
+    """Why an emulated cluster cannot start on this host ("" when it can): root, iproute2 and util-linux's tools."""
+    try:
+        netns.check_tools()
+    except netns.NetnsUnavailable as e:
+        return str(e)
+    for tool, pkg in (("unshare", "util-linux"), ("nsenter", "util-linux"), ("mount", "mount")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed; install {pkg}"
+    return ""
