@@ -164,6 +164,15 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
         # ...or after flush_interval_s seconds, whichever comes first
         "tests/pool/test_partial_pool_on_cpu.py::test_chunk_policy",
     ),
+    "laminar.pool.batch_tick_s": (
+        # one apply_many a tick carries every request's chunks; null: one append a chunk
+        "tests/rollout/test_pool_streaming_on_cpu.py::"
+        "test_a_servers_requests_share_one_pool_call_a_tick_unless_batching_is_off",
+    ),
+    "laminar.pool.log_dir": (
+        # the pool's log goes there; null: the node's temp dir, one folder per run
+        "tests/pool/test_pool_log_dir_on_cpu.py::test_the_pool_log_goes_to_log_dir_or_to_the_nodes_temp_dir",
+    ),
     "laminar.heartbeat.interval_s": (
         # a replica silent for 2 x interval_s is suspect
         "tests/policy/test_failover_on_cpu.py::test_health_from_the_age_of_the_last_heartbeat",

@@ -214,3 +214,48 @@ def test_a_response_the_engine_ended_is_not_extended_when_its_replica_dies_befor
         assert [c.tokens for c in router.drain_events().continued] == [30]
 
     asyncio.run(main())
+
+
+class CountingShell(ActorShell):
+    """An ``ActorShell`` that records which pool methods were called."""
+
+    def __init__(self, obj, calls: list) -> None:
+        super().__init__(obj)
+        self._calls = calls
+
+    def __getattr__(self, name):
+        self._calls.append(name)
+        return super().__getattr__(name)
+
+
+@pytest.mark.parametrize("tick", [0.01, None])
+def test_a_servers_requests_share_one_pool_call_a_tick_unless_batching_is_off(tick):
+    """laminar.pool.batch_tick_s: the chunks of all the server's requests go as one ``apply_many`` a tick; with
+    null, one ``append`` call a chunk. The pool holds the same tokens either way."""
+
+    async def main():
+        pool, calls = Pool(), []
+        eng = StreamingEngine(FakeEngine(32), lambda: CountingShell(pool, calls), lambda: 0,
+                              ChunkPolicy(flush_tokens=4, batch_tick_s=tick))
+        await asyncio.gather(*(_drain(eng.generate(prompt={"prompt_token_ids": [1]}, sampling_params=_params(f"r{i}"),
+                                                    request_id=f"r{i}")) for i in range(8)))
+        return pool, calls
+
+    pool, calls = asyncio.run(main())
+    for i in range(8):
+        assert pool.get(f"r{i}").tokens == list(range(100, 132)) and pool.get(f"r{i}").state.get(FINISHED)
+    chunks = 8 * (32 // 4)
+    if tick is None:
+        assert calls.count("append") == chunks and "apply_many" not in calls
+    else:
+        assert "append" not in calls and 1 <= calls.count("apply_many") < chunks // 4
+
+
+async def _drain(gen) -> None:
+    async for _ in gen:
+        pass
+
+
+def test_a_nonsense_batch_tick_is_refused():
+    with pytest.raises(ValueError, match="batch_tick_s"):
+        ChunkPolicy(batch_tick_s=0)

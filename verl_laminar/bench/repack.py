@@ -182,7 +182,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
             i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
             dtype=args.dtype, seed=args.seed, pool_name="bench_pool" if pool is not None else None,
-            chunk=ChunkPolicy(args.laminar.pool.flush_tokens, args.laminar.pool.flush_interval_s)
+            chunk=ChunkPolicy(args.laminar.pool.flush_tokens, args.laminar.pool.flush_interval_s,
+                              args.laminar.pool.batch_tick_s)
             if pool is not None else None)
     try:
         started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))

@@ -154,10 +154,15 @@ class PoolConfig(Section):
     enabled: bool = True
     flush_tokens: int = 64
     flush_interval_s: float = 1.0
+    batch_tick_s: Optional[float] = 0.05  # null: one pool call per chunk
+    log_dir: Optional[str] = None  # null: the driver node's temp dir (node-local disk)
 
     def __post_init__(self) -> None:
         self._require("flush_tokens", self.flush_tokens >= 1, "must be an integer >= 1 (tokens per flush), e.g. 64")
         self._require("flush_interval_s", self.flush_interval_s > 0, "must be > 0 seconds, e.g. 1.0")
+        self._require("batch_tick_s", self.batch_tick_s is None or self.batch_tick_s > 0,
+                      "must be > 0 seconds (one pool call per tick for all of a rollout process's streams), e.g. "
+                      "0.05, or null (one call per chunk)")
 
 
 @dataclass(frozen=True)

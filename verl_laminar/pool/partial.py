@@ -55,15 +55,21 @@ class PartialTrajectory:
 @dataclass(frozen=True)
 class ChunkPolicy:
     """When a rollout flushes a trajectory's new tokens to the pool: after ``flush_tokens`` tokens or
-    ``flush_interval_s`` seconds, whichever comes first (laminar.pool.*)."""
+    ``flush_interval_s`` seconds, whichever comes first; and how they travel: every ``batch_tick_s`` one call
+    carries all the chunks of the rollout process's streams (``pool.batch.PoolBatcher``), or with None one
+    call per chunk (laminar.pool.*)."""
 
     flush_tokens: int = 64
     flush_interval_s: float = 1.0
+    batch_tick_s: Optional[float] = 0.05
 
     def __post_init__(self) -> None:
         if self.flush_tokens < 1 or self.flush_interval_s <= 0:
             raise ValueError(f"laminar.pool.flush_tokens={self.flush_tokens} must be >= 1 and flush_interval_s="
                              f"{self.flush_interval_s} > 0")
+        if self.batch_tick_s is not None and not self.batch_tick_s > 0:
+            raise ValueError(f"laminar.pool.batch_tick_s={self.batch_tick_s} must be > 0 seconds or null (one pool "
+                             "call per chunk)")
 
     def due(self, pending_tokens: int, seconds_since_flush: float) -> bool:
         return pending_tokens > 0 and (pending_tokens >= self.flush_tokens

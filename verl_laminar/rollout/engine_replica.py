@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from verl_laminar.pool.batch import PoolBatcher
+from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import PoolStreamer
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class EngineReplica:
         self.replica_id = replica_id
         self._pool_name, self._pool = pool_name, None
         self._chunk = chunk  # pool.partial.ChunkPolicy; None with a pool: its defaults
+        self._batcher: Optional[PoolBatcher] = None  # made on the first streamed piece (needs the pool's handle)
         self._args = dict(model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, kv_cache_memory_bytes=kv_cache_bytes, seed=seed,
                           disable_log_stats=False)
@@ -116,6 +119,13 @@ class EngineReplica:
             self._pool = ray.get_actor(self._pool_name)
         return self._pool
 
+    def _pool_batcher(self) -> Optional[PoolBatcher]:
+        """One batcher for all of this replica's streams (laminar.pool.batch_tick_s); None: one call per chunk."""
+        tick = (self._chunk or ChunkPolicy()).batch_tick_s
+        if self._batcher is None and tick is not None:
+            self._batcher = PoolBatcher(self._pool_handle(), tick)
+        return self._batcher
+
     async def generate(self, request_id: str, prompt_ids: list[int], params: dict, pool_key: Optional[str] = None,
                        pool_offset: int = 0) -> dict:
         """Generate one piece; returns early (finished=False) when ``abort`` takes the request away.
@@ -138,7 +148,8 @@ class EngineReplica:
             if not want_lp:
                 raise ValueError(f"request {request_id}: the partial-response pool keeps rollout log-probs; "
                                  "request logprobs=True")
-            streamer = PoolStreamer(self._pool_handle(), pool_key, version, pool_offset, self._chunk)
+            streamer = PoolStreamer(self._pool_handle(), pool_key, version, pool_offset, self._chunk,
+                                    batcher=self._pool_batcher())
 
         async def consume() -> None:
             gen = self._engine.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id)

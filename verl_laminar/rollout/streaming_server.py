@@ -9,7 +9,9 @@ rollout_replica_class`` seam by ``replica_class_for``):
                                          the entry's key (the vLLM request id), group and pinned version
     this server's engine wrapper         opens the entry (prompt, the pin's version) as the request arrives, then
                                          every output's new tokens and log-probs go to the pool in chunks
-                                         (pool.stream.PoolStreamer, laminar.pool.flush_*), tagged with the version
+                                         (pool.stream.PoolStreamer, laminar.pool.flush_*; all of the server's
+                                         streams' chunks go as one pool call per laminar.pool.batch_tick_s,
+                                         pool.batch.PoolBatcher), tagged with the version
                                          the server serves (the pool refuses a mismatch); the last chunk is awaited
                                          before verl's generate sees the end of the stream; the client closes the
                                          entry without waiting (one caller's calls to the pool run in order, and
@@ -28,6 +30,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from verl_laminar.platform.vllm_adapter import abort_takes_internal
+from verl_laminar.pool.batch import PoolBatcher
 from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import NO_LOGPROB, PoolStreamer
 
@@ -87,6 +90,13 @@ class StreamingEngine:
         object.__setattr__(self, "_version", version)
         object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
         object.__setattr__(self, "streamed_requests", 0)
+        object.__setattr__(self, "_batcher", None)  # this process's PoolBatcher, made on the first tagged request
+
+    def batcher(self, pool: Any) -> Optional[PoolBatcher]:
+        """The process's one batcher (every stream's chunks in one pool call a tick), None with batch_tick_s null."""
+        if self._batcher is None and self._chunk.batch_tick_s is not None:
+            object.__setattr__(self, "_batcher", PoolBatcher(pool, self._chunk.batch_tick_s))
+        return self._batcher
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -111,7 +121,7 @@ class StreamingEngine:
         # the server's, so the pool refuses tokens of a version the group was not pinned to
         pool.open.remote(key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
                          self._replica, where_of(tag))
-        streamer = PoolStreamer(pool, key, int(version), 0, self._chunk)
+        streamer = PoolStreamer(pool, key, int(version), 0, self._chunk, batcher=self.batcher(pool))
         tokens: list = []
         log_probs: list = []
         delta = getattr(getattr(params, "output_kind", None), "name", "") == "DELTA"

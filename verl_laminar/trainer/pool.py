@@ -1,8 +1,8 @@
 """The partial-response pool on verl's trainer path (``laminar.pool.enabled``): the pool actor and the replicas
 that stream to it.
 
-    LaminarTrainer._setup: spawn_partial_pool (a fresh log under trainer.default_local_dir, on the driver's
-        node, after sweeping a pool a crashed run left behind) -> with streaming_replicas(...): verl's _setup
+    LaminarTrainer._setup: spawn_partial_pool (a fresh log in the driver's node's temp dir or
+        laminar.pool.log_dir, on the driver's node, after sweeping a pool a crashed run left behind) -> with streaming_replicas(...): verl's _setup
         builds its rollout replicas as rollout.streaming_server.LaminarVLLMReplica
     pinned clients open / close an entry per request piece and read it when the replica dies
         (rollout.pool_client); the router counts continuations; the trainer reports laminar/ft/pool_*
@@ -21,8 +21,19 @@ logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # part of the run's
 POOL_LOG = "laminar_pool.log"
 
 
-def pool_log_path(config: Any) -> str:
-    return os.path.join(str(config.trainer.default_local_dir), POOL_LOG)
+def pool_log_path(config: Any, log_dir: Optional[str] = None) -> str:
+    """Where the pool's log goes: ``laminar.pool.log_dir``, or by default this node's temp dir (node-local disk:
+    the log takes a write per batch of chunks, which shared storage, where ``trainer.default_local_dir`` usually
+    lives on a cluster, would serve at a network round trip each), in a folder named after the run's
+    ``default_local_dir`` so that two runs on one machine never share a log."""
+    if log_dir:
+        return os.path.join(str(log_dir), POOL_LOG)
+    import hashlib
+    import tempfile
+
+    run = os.path.abspath(str(config.trainer.default_local_dir))
+    tag = hashlib.sha256(run.encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"laminar_pool_{tag}", POOL_LOG)
 
 
 def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
@@ -49,7 +60,7 @@ def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
     if left is not None:
         ray.kill(left)
         logger.warning("laminar: killed a partial-response pool %r left by an earlier run", POOL_NAME)
-    path = pool_log_path(config)
+    path = pool_log_path(config, laminar.pool.log_dir)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if os.path.exists(path):
         os.remove(path)
@@ -88,7 +99,7 @@ def streaming_replicas(laminar: Any, rollout_name: str) -> Iterator[bool]:
         raise RuntimeError("verl's LLMServerManager.rollout_replica_class is already set; the partial-response pool "
                            "needs its own replica class there (laminar.pool.enabled=false to run without it)")
     LLMServerManager.rollout_replica_class = replica_class_for(
-        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s), detached=laminar.fleet.detached)
+        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s, laminar.pool.batch_tick_s), detached=laminar.fleet.detached)
     try:
         yield True
     finally:
