@@ -23,7 +23,7 @@ VERL_CONFIG = os.path.join(list(importlib.util.find_spec("verl").submodule_searc
 # 7B on 32 GPUs with 32 prompts a step: candidates 8, 16, 24 trainer GPUs, every run well under a second
 CELL = ["plan", "--model", "7b", "--gpus", "32", "--batch", "32", "--updates", "4", "--seed", "1"]
 ROW_FIELDS = {"system", "colocated", "trainer_gpus", "rollout_gpus", "rollouts", "tp", "throughput", "step_time_s",
-              "staleness", "splits_tried", "relay_host_memory", "overrides", "overrides_note", "vs_sync"}
+              "staleness", "splits_tried", "relay_host_memory", "scale", "overrides", "overrides_note", "vs_sync"}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,9 @@ def test_json_has_every_field_and_is_labelled_simulated(planned):
         assert set(row["staleness"]) == {"p50", "p99", "max", "mean"}
         assert row["staleness"]["p50"] <= row["staleness"]["p99"] <= row["staleness"]["max"]
     assert rec["systems"]["sync"]["vs_sync"] == 1.0
+    scale = rec["systems"]["laminar"]["scale"]  # the pool and refresh check, Laminar's row only
+    assert scale["label"] == "SIMULATED" and scale["pool"]["measured_in"].startswith("docs/results/bench_pool_")
+    assert all(row["scale"] is None for name, row in rec["systems"].items() if name != "laminar")
     best = max(rec["systems"].values(), key=lambda r: r["throughput"])
     assert rec["best_system"] == best["system"]
 

@@ -2,7 +2,8 @@
 
 For one model on one cluster, every system (``systems.BASELINES`` and Laminar) is simulated at its best
 trainer/rollout split (``search.best_split``, the same search as the paper grid), and the plan reports its
-expected tokens/s, staleness (p50 / p99 / max), Laminar's relay host memory per node and the Hydra overrides
+expected tokens/s, staleness (p50 / p99 / max), Laminar's relay host memory per node, whether its partial-response
+pool or its weight refresh limits it (``sim.scale``, priced from measurements), and the Hydra overrides
 that run each verl-hosted system at that split -- for Laminar the ``+laminar=enabled`` command line to paste.
 Every number is SIMULATED (``docs/simulator.md``), under the workload of the ``sim.lengths`` flags (default:
 the paper's).
@@ -25,6 +26,7 @@ from verl_laminar.config.schema import LaminarConfig
 from verl_laminar.policy.relay_memory import ROLE_MASTER, ROLE_ROLLOUT, relay_host_bytes
 from verl_laminar.sim.lengths import WorkloadSpec, add_workload_arguments, params_from_args, spec_from_args
 from verl_laminar.sim.params import DEFAULT_PARAMS, MODELS, ROLLOUT_TP, SimParams
+from verl_laminar.sim.scale import format_scale, scale_check
 from verl_laminar.sim.search import best_split, candidate_splits
 from verl_laminar.sim.systems import BASELINES, COLOCATED
 
@@ -141,6 +143,8 @@ def plan(model: str, gpus: int, task: str = "math", seed: int = 0, p: SimParams 
             "staleness": {k: st.get(k) for k in ("p50", "p99", "max", "mean")},
             "splits_tried": {str(k): round(v, 1) for k, v in sr.tried.items()},
             "relay_host_memory": relay_memory(model, r.rollout_gpus, p, lam) if system == "laminar" else None,
+            "scale": scale_check(model, tp, r.rollout_gpus // tp, r.throughput, r.step_time, p,
+                                 lam.pool.flush_tokens, lam.pool.flush_interval_s) if system == "laminar" else None,
             "overrides": overrides(system, model, gpus, trainer, p, task, lam),
             "overrides_note": NO_OVERRIDES.get(system),
         }
@@ -185,6 +189,8 @@ def format_table(rec: dict) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     lines.append(f"best: {rec['best_system']}")
     lam = rec["systems"].get("laminar")
+    if lam and lam.get("scale"):
+        lines.append(format_scale(lam["scale"]))
     if lam and lam["overrides"]:
         lines.append("Laminar at this split: python -m verl.trainer.main_ppo <your recipe> "
                      + " ".join(lam["overrides"]))
