@@ -11,6 +11,10 @@
 # Resources: TRAINER_RANKS (default 1) FSDP ranks for the trainer + REPLICAS rollout replicas (tp 1), each a logical Ray GPU on CPU.
 set -euo pipefail
 REPLICAS=${REPLICAS:-2}        # standalone rollout replicas
+ROLLOUT_NODES=${ROLLOUT_NODES:-1}  # machines they spread over, REPLICAS / ROLLOUT_NODES each (a cluster: > 1)
+if [ $((REPLICAS % ROLLOUT_NODES)) -ne 0 ]; then
+  echo "REPLICAS=$REPLICAS does not divide over ROLLOUT_NODES=$ROLLOUT_NODES machines" >&2; exit 2
+fi
 # WARMUP (unset: the product's default, 2): prompt batches kept ahead of the trainer
 # (trainer.v1.laminar.num_warmup_batches; the minimum, docs/trainer_design.md §8, is 2 here).
 WARMUP=${WARMUP:-}
@@ -22,8 +26,8 @@ source "$(dirname "$0")/common.sh"
 exec "$PY" -m "$ENTRY" \
   +laminar=enabled \
   actor_rollout_ref.hybrid_engine=False \
-  actor_rollout_ref.rollout.nnodes=1 \
-  actor_rollout_ref.rollout.n_gpus_per_node="$REPLICAS" \
+  actor_rollout_ref.rollout.nnodes="$ROLLOUT_NODES" \
+  actor_rollout_ref.rollout.n_gpus_per_node="$((REPLICAS / ROLLOUT_NODES))" \
   trainer.n_gpus_per_node="$TRAINER_RANKS" \
   trainer.experiment_name=laminar_grpo \
   ${WARMUP:+"++trainer.v1.laminar.num_warmup_batches=$WARMUP"} \

@@ -43,6 +43,7 @@ import pytest
 
 from laminar_testing import REPO
 from verl_laminar import stepfile
+from verl_laminar.metrics import RELAY_COLD_PUBLISHES
 from verl_laminar.policy.until import ended_at
 from verl_laminar.report.runlog import STALENESS_HIST, RunRecord, parse_step_line
 from verl_laminar.smoke import RUN_UNTIL, evaluate, shm_entries
@@ -126,6 +127,8 @@ def test_every_step_trains_and_every_trained_trajectory_was_checked(laminar_run)
     assert last["laminar/invariant/checked_trajectories"] >= trained
     for step, m in run.steps.items():
         assert m["training/off_policy/trajectory_spans/max"] == 1, step  # verl's own: every turn from one version
+    # every publish, version 0 included, went through the master's prepared buffer (no private host copy)
+    assert last[RELAY_COLD_PUBLISHES] == 0, last
 
 
 def test_staleness_is_a_histogram_matching_the_count(laminar_run):

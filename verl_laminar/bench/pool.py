@@ -1,7 +1,8 @@
 """Does one partial-response pool keep up with a fleet? The real pool (its actor, its client, its log) under the
 streaming pattern of ``replicas`` x ``seqs`` running sequences.
 
-    python -m verl_laminar.bench.pool --json                      # 64 x 128, 64-token chunks, 1 s flush
+    python -m verl_laminar.bench.pool --json                      # 64 x 128, 64-token chunks, 1 s flush, batched
+    python -m verl_laminar.bench.pool --batch-tick-s 0 --json     # the same, one pool call per chunk
     python -m verl_laminar.bench.pool --replicas 4 --seqs 16 --duration-s 30 --json --results docs/results
 
 Dataflow: ``--generators`` Ray actors each play some replicas (``bench.pool_load``: when each sequence's next chunk
@@ -37,6 +38,7 @@ from typing import Any, Optional
 
 from verl_laminar.bench.pool_load import Load, next_due, percentile, summarize, tokens_at
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import PoolStreamer
 
 logger = logging.getLogger(__name__)
@@ -215,9 +217,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--warmup-s", type=float, default=15.0)
     ap.add_argument("--generators", type=int, default=2, help="load-generating actors (they share the machine)")
-    ap.add_argument("--batch-tick-s", type=float, default=0.0,
-                    help="> 0: each replica's chunks go to the pool in one call per tick (pool.batch); 0: one call "
-                         "per chunk, as the rollouts send them today")
+    ap.add_argument("--batch-tick-s", type=float, default=ChunkPolicy().batch_tick_s,
+                    help="each replica's chunks go to the pool in one call per tick (pool.batch), as the rollouts "
+                         "send them (laminar.pool.batch_tick_s, default %(default)s); 0: one call per chunk")
     ap.add_argument("--log-dir", default=None, help="where the pool's log goes (default: this node's temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=None, metavar="DIR", help="also write the JSON to DIR/<name>_<date>.json")

@@ -47,7 +47,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--window", type=int, default=5, help="steps in the reward's trailing mean for the reward target")
     for key, default, about in (("batch", 8, "prompts per step"), ("group", 4, "responses per prompt"),
                                 ("resp", 512, "max response tokens"), ("prompt", 256, "max prompt tokens"),
-                                ("micro", 8, "micro-batch per rank")):
+                                ("micro", 4, "micro-batch per rank")):
         ap.add_argument(f"--{key}", type=int, default=default, help=f"{about} (default {default})")
     ap.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (default 1e-4, the recipes')")
     ap.add_argument("--data", default=None, help="task folder (train/dev/heldout parquet; default the chain-sum task)")
