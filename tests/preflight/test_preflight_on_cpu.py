@@ -76,8 +76,10 @@ def test_every_gpu_recipe_passes(reports):
         # the construction of verl's trainer class ran (its asserts included), not only our estimates
         assert status["trainer.construct"] == OK and status["verl.validate_config"] == OK, name
         if name.endswith("laminar"):
-            assert {"laminar.config", "relay.transport", "relay.host_memory", "relay.broadcast",
+            assert {"laminar.config", "relay.transport", "relay.host_memory", "relay.broadcast", "relay.delta",
                     "refresh.timeouts"} <= set(status)
+            # the recipes keep the defaults: deltas (auto) with two versions kept, so a relay can rebuild
+            assert status["relay.delta"] == OK and report.facts["relay_delta"] == "auto", name
             assert report.facts["parameter_sync_step"] == 16  # 512 prompts / 32 per mini-batch: the paper's step
 
 

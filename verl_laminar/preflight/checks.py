@@ -160,6 +160,7 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
                         wait_readable_s=deadlines.wait_readable_s, load_s=deadlines.load_s, retries=deadlines.retries)
     report.add("relay.broadcast", OK, f"T*(p={p.relays}) = {t_chain:.1f} s for {_gb(version)} at {link:g} Gbit/s "
                "per hop")
+    check_delta(report, lam, version, t_chain)
     report.add("refresh.timeouts", OK, f"a replica waits up to {deadlines.wait_readable_s:.0f} s without a new "
                f"chunk, loads within {deadlines.load_s:.0f} s, {deadlines.retries} retries")
     # the checkpoint engine's own timeout bounds every relay call, a pull of a whole version from the upstream
@@ -174,6 +175,27 @@ def check_relays(report: Report, cfg: DictConfig, lam: Any, opts: Options, p: Pl
                    f"set it to {math.ceil(engine_timeout_s(deadlines, t_hop))} or more")
     else:
         report.add("relay.engine_timeout", OK, value + ("" if given is not None else " (derived)"))
+
+
+def check_delta(report: Report, lam: Any, version: int, t_chain: float) -> None:
+    """laminar.relay.delta: what goes down the chain. The deadlines above price whole versions, which a delta
+    never exceeds (auto sends whichever is smaller) and which every fallback sends."""
+    from verl_laminar.relay.delta import MAX_DELTA_SHARE
+
+    mode, keep = lam.relay.delta, int(lam.relay.keep_versions)
+    report.facts["relay_delta"] = mode
+    if mode == "off":
+        report.add("relay.delta", OK, "off: every version goes whole")
+    elif keep < 2:
+        report.add("relay.delta", WARN, f"auto with laminar.relay.keep_versions={keep}: a relay rebuilds version n "
+                   "from its n - 1 beside it, so every version goes whole",
+                   "set laminar.relay.keep_versions=2 (one more copy of the model in each node's /dev/shm) for "
+                   "deltas, or laminar.relay.delta=off to say so")
+    else:
+        report.add("relay.delta", OK, f"auto: a version whose delta is at most {MAX_DELTA_SHARE:.0%} of it "
+                   f"({_gb(int(MAX_DELTA_SHARE * version))}) goes as a delta, taking about that share of "
+                   f"T* = {t_chain:.1f} s (at lr 1e-6 ~1% of bf16 values change a step: docs/relay.md); the "
+                   "deadlines assume whole versions")
 
 
 def check_transport(report: Report, lam: Any, role: str) -> None:
