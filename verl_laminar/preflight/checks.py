@@ -194,8 +194,9 @@ def check_delta(report: Report, lam: Any, version: int, t_chain: float) -> None:
     else:
         report.add("relay.delta", OK, f"auto: a version whose delta is at most {MAX_DELTA_SHARE:.0%} of it "
                    f"({_gb(int(MAX_DELTA_SHARE * version))}) goes as a delta, taking about that share of "
-                   f"T* = {t_chain:.1f} s (at lr 1e-6 ~1% of bf16 values change a step: docs/relay.md); the "
-                   "deadlines assume whole versions")
+                   f"T* = {t_chain:.1f} s (at lr 1e-6 ~1% of bf16 values change a step: docs/relay.md); each "
+                   f"relay keeps its last delta, up to {_gb(int(MAX_DELTA_SHARE * version))} of /dev/shm beyond "
+                   "relay.host_memory; the deadlines assume whole versions")
 
 
 def check_transport(report: Report, lam: Any, role: str) -> None:
