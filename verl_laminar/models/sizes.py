@@ -42,11 +42,14 @@ class Tensor:
 class ModelSizes:
     source: str  # where the shapes came from
     tensors: tuple[Tensor, ...]
+    # tensors a weight version carries twice: with tied word embeddings the trainer's state dict names the LM head
+    # apart from the embedding (``lm_head.weight``), so each version holds both (not counted in ``parameters``)
+    repeated: tuple[Tensor, ...] = ()
 
     def version_bytes(self, dtype: str) -> int:
         """Bytes of one weight version with floating-point tensors in ``dtype`` (what the relay stores)."""
         b = dtype_bytes(dtype)
-        return sum(t.numel * (b if t.floating else 8) for t in self.tensors)
+        return sum(t.numel * (b if t.floating else 8) for t in self.tensors + self.repeated)
 
     def largest(self, dtype: str) -> tuple[str, int]:
         b = dtype_bytes(dtype)
@@ -133,17 +136,31 @@ def model_sizes(model_path: str, model_config: Optional[str] = None) -> ModelSiz
     local = Path(os.path.expanduser(model_path))
     if local.is_dir():
         files = list(local.glob("*.safetensors"))
+        cfg = json.loads((local / "config.json").read_text()) if (local / "config.json").is_file() else {}
         if files:
-            return ModelSizes(f"{local} (safetensors headers)", safetensors_tensors(files))
-        if (local / "config.json").is_file():
-            return ModelSizes(f"{local / 'config.json'}", decoder_tensors(json.loads((local / "config.json")
-                                                                                     .read_text())))
+            tensors = safetensors_tensors(files)
+            return ModelSizes(f"{local} (safetensors headers)", tensors, tied_head(cfg, tensors))
+        if cfg:
+            tensors = decoder_tensors(cfg)
+            return ModelSizes(f"{local / 'config.json'}", tensors, tied_head(cfg, tensors))
     shipped = shipped_config(model_path)
     if shipped is not None:
-        return ModelSizes(f"shipped config.json of {shipped.stem}", decoder_tensors(json.loads(shipped.read_text())))
+        cfg = json.loads(shipped.read_text())
+        tensors = decoder_tensors(cfg)
+        return ModelSizes(f"shipped config.json of {shipped.stem}", tensors, tied_head(cfg, tensors))
     raise ModelSizeError(
         f"actor_rollout_ref.model.path={model_path!r} is neither a local checkpoint nor a model whose config is "
         f"shipped ({sorted(p.stem for p in SHIPPED.glob('*.json'))}); pass --model-config <its config.json>")
+
+
+def tied_head(cfg: dict, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The LM head a version repeats when the word embeddings are tied (``tie_word_embeddings``) and the checkpoint
+    stores only the embedding: the trainer publishes ``lm_head.weight`` too (measured: tiny-qwen's versions are
+    its bytes plus the embedding's once more)."""
+    if not cfg.get("tie_word_embeddings", False) or any(t.name == "lm_head.weight" for t in tensors):
+        return ()
+    embed = next((t for t in tensors if t.name.endswith("embed_tokens.weight")), None)
+    return () if embed is None else (Tensor("lm_head.weight", embed.numel, embed.floating),)
 
 
 def config_values(model_path: str, model_config: Optional[str] = None) -> tuple[str, dict]:

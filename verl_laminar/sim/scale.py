@@ -44,8 +44,8 @@ class PoolService:
     source: str  # the committed bench.pool result it comes from
 
 
-POOL_SERVICE = PoolService(appends_per_s=8210.4, saturated=False,
-                           source="docs/results/bench_pool_64x128_batched_2026-12-05.json")
+POOL_SERVICE = PoolService(appends_per_s=8708.0, saturated=False,
+                           source="docs/results/bench_pool_64x128_2026-12-06.json")
 
 
 def pool_service_from(path: Path) -> PoolService:
