@@ -54,6 +54,7 @@ def test_default_modes_are_every_baseline_and_overrides_reach_the_recipe(tmp_pat
     assert e2e.placement("sync", args) == {"trainer_ranks": 2, "rollout_replicas": 2, "colocated": True,
                                            "sampler_poll_s": 0.1}
     assert e2e.placement("laminar", args)["trainer_ranks"] == 1
+    assert e2e.placement("separate_async", args)["relay_delta"] == "off"  # the baseline states its relay setting
 
 
 def test_every_mode_trains_the_workloads_fixture_for_its_steps(tmp_path):

@@ -71,6 +71,10 @@ def placement(mode: str, args: argparse.Namespace) -> dict:
                 "sampler_poll_s": poll}
     out = {"trainer_ranks": args.trainer_ranks, "rollout_replicas": args.replicas, "colocated": False,
            "sampler_poll_s": poll}
+    if mode == "separate_async":
+        # verl's trainer with the relays as its weight transport: their group gets no laminar block
+        # (trainer/baselines.py), so versions go whole (delta off); on one host the chain is the master alone
+        out["relay_delta"] = "off"
     if mode == "laminar":
         from verl_laminar.config.prepare import RUNTIME_DEFAULTS, WARMUP_KEY
 
