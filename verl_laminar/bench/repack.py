@@ -172,7 +172,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         import tempfile
 
         from verl_laminar.pool.actor import spawn_pool
-        from verl_laminar.pool.partial import ChunkPolicy
+        from verl_laminar.trainer.pool import chunk_policy
 
         pool = spawn_pool(os.path.join(tempfile.mkdtemp(prefix="laminar-pool-"), "pool.log"), name="bench_pool")
     replicas = {}
@@ -182,8 +182,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         replicas[i] = actor.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env}).remote(
             i, mdir, kv_cache_bytes=args.kv_mb << 20, max_num_seqs=64, max_model_len=args.max_tokens + 64,
             dtype=args.dtype, seed=args.seed, pool_name="bench_pool" if pool is not None else None,
-            chunk=ChunkPolicy(args.laminar.pool.flush_tokens, args.laminar.pool.flush_interval_s,
-                              args.laminar.pool.batch_tick_s)
+            chunk=chunk_policy(args.laminar.pool)
             if pool is not None else None)
     try:
         started = await asyncio.gather(*(r.start.remote() for r in replicas.values()))

@@ -36,6 +36,13 @@ def pool_log_path(config: Any, log_dir: Optional[str] = None) -> str:
     return os.path.join(tempfile.gettempdir(), f"laminar_pool_{tag}", POOL_LOG)
 
 
+def chunk_policy(pool: Any) -> Any:
+    """The rollouts' ``pool.partial.ChunkPolicy`` from the typed ``laminar.pool`` section."""
+    from verl_laminar.pool.partial import ChunkPolicy
+
+    return ChunkPolicy(pool.flush_tokens, pool.flush_interval_s, pool.batch_tick_s)
+
+
 def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
     """The pool actor of this run, or None with ``laminar.pool.enabled=false``.
 
@@ -92,14 +99,13 @@ def streaming_replicas(laminar: Any, rollout_name: str) -> Iterator[bool]:
                            "restart from the prompt", rollout_name)
         yield False
         return
-    from verl_laminar.pool.partial import ChunkPolicy
     from verl_laminar.rollout.streaming_server import replica_class_for
 
     if "rollout_replica_class" in vars(LLMServerManager):
         raise RuntimeError("verl's LLMServerManager.rollout_replica_class is already set; the partial-response pool "
                            "needs its own replica class there (laminar.pool.enabled=false to run without it)")
     LLMServerManager.rollout_replica_class = replica_class_for(
-        ChunkPolicy(laminar.pool.flush_tokens, laminar.pool.flush_interval_s, laminar.pool.batch_tick_s), detached=laminar.fleet.detached)
+        chunk_policy(laminar.pool), detached=laminar.fleet.detached)
     try:
         yield True
     finally:
