@@ -78,3 +78,15 @@ def test_pool_stats_time_its_compactions(tmp_path):
     assert s["compaction_s_max"] > 0 and s["compaction_s_total"] >= s["compaction_s_max"]
     assert s["rss_bytes"] > 10 * 2**20 and s["log_bytes"] >= 0
     pool.shutdown()
+
+
+def test_sends_cross_ray_as_two_flat_buffers_and_come_back_equal():
+    from verl_laminar.bench.pool_load import pack_sends, unpack_sends
+
+    rows = [(1.5, 1.75), (2.0, None), (3.25, 4.0)]
+    sent, acked = pack_sends(rows)
+    assert isinstance(sent, bytes) and len(sent) == len(acked) == 3 * 8
+    assert unpack_sends(sent, acked) == rows
+    assert unpack_sends(*pack_sends([])) == []
+    with pytest.raises(ValueError, match="2 send times against 3"):
+        unpack_sends(sent[:16], acked)

@@ -19,6 +19,7 @@ readable. This test asserts:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -68,6 +69,9 @@ def cluster_run(tiny_model_dir, tmp_path_factory):
                            f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]", f"laminar.run_until.min_steps={MIN_STEPS}",
                            "laminar.relay.delta=auto", "trainer.logger=[]"], timeout_s=1500, env=env)
         log = proc.stdout + proc.stderr
+        if proc.returncode != 0:  # keep every node's folder (Ray's logs under <node>/tmp/ray) to find out why
+            c.spec = dataclasses.replace(c.spec, keep_logs=True)
+            log += f"\n[the nodes' folders, with their Ray logs, are kept under {base}]"
         head_out = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/")
         steps_file = head_out / "checkpoints" / stepfile.FILE_NAME
         run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else None

@@ -80,3 +80,39 @@ def test_killed_relay_dropped_and_rollout_falls_back(group):
     got = dict(rollout.receive_weights(2))
     assert rollout.served_version == 2
     assert torch.equal(got["layer.weight"], _weights(2.0)[0][1])
+
+
+def _admit_group(name):
+    node, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+    g = ray.remote(RelayGroup).options(name=name, max_concurrency=8).remote(name)
+    nodes = {f"{name}-a": (node, ip), f"{name}-b": (node, ip)}
+    ray.get(g.spawn.remote(nodes, master=f"{name}-a", chunks=2))
+    return g, nodes
+
+
+def test_admission_names_the_short_node_and_the_unreachable_port(group):
+    """The start-up check of a relay group (trainer.relays.admit_relays) through real relay actors: a group that can
+    work passes; a version its nodes' /dev/shm cannot hold, and a downstream relay whose port answers nothing, each
+    raise naming node and port, and end the group's relays."""
+    from verl_laminar.relay.admit import RelayAdmissionError
+    from verl_laminar.trainer.relays import admit_relays
+
+    g, nodes = _admit_group("admit_ok")
+    relays = [ray.get_actor(ray.get(g.actor_name.remote(rid))) for rid in nodes]
+    admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 20, 2, "auto", timeout_s=5.0)  # 1 MiB: fits
+    with pytest.raises(RelayAdmissionError, match=r"(?s)admit_ok-a on node .*has .* free, its relay keeps up to") as e:
+        admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 50, 2, "auto", timeout_s=5.0)
+    assert "admit_ok-b" in str(e.value) and "laminar.relay.keep_versions" in str(e.value)
+    for r in relays:  # the group's relays were ended
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(r.ping.remote(), timeout=30)
+
+    g, nodes = _admit_group("admit_port")
+    down = ray.get_actor(ray.get(g.actor_name.remote("admit_port-b")))
+    host, port = ray.get(down.address.remote())
+    ray.get(down.close.remote())  # its port now answers nothing
+    t0 = time.monotonic()
+    with pytest.raises(RelayAdmissionError, match=f"cannot reach its downstream relay admit_port-b on node .* at "
+                                                  f"{host}:{port} \\(TCP\\)"):
+        admit_relays(g, "admit_port", nodes, "admit_port-a", None, 2, None, timeout_s=5.0)
+    assert time.monotonic() - t0 < 30

@@ -36,7 +36,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from verl_laminar.bench.pool_load import Load, next_due, percentile, summarize, tokens_at
+from verl_laminar.bench.pool_load import Load, next_due, pack_sends, percentile, summarize, tokens_at, unpack_sends
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import PoolStreamer
@@ -150,7 +150,8 @@ class Generator:
                 heapq.heappush(heap, (next_due(seq.start, seq.rate, seq.length, seq.streamer.sent,
                                                seq.streamer.last, load), id(seq), seq, replica))
             await asyncio.sleep(max(0.0, min(0.05, (heap[0][0] if heap else end) - time.monotonic())))
-        return {"sends": [tuple(r) for r in self.sends], "end_waits": self.end_waits, "running": len(heap),
+        sent, acked = pack_sends(self.sends)
+        return {"sent": sent, "acked": acked, "end_waits": self.end_waits, "running": len(heap),
                 "pool_calls": sum(b.calls for b in self.batchers.values())}
 
 
@@ -192,7 +193,7 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
             ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
     window = (start_at + warmup_s, start_at + duration_s)
-    sends = [s for o in outs for s in o["sends"]]
+    sends = [s for o in outs for s in unpack_sends(o["sent"], o["acked"])]
     waits = [w for o in outs for b, w in o["end_waits"] if window[0] <= b < window[1]]
     out = summarize(sends, window)
     out.update(nominal_appends_per_s=load.nominal_appends_per_s(), running_sequences=sum(o["running"] for o in outs),

@@ -32,6 +32,21 @@ def probe_latency(transport: Transport, address: tuple[str, int], n: int = 50) -
         ch.close()
 
 
+def reach(transport: Transport, address: tuple[str, int], timeout_s: float) -> None:
+    """One PING answered by PONG within ``timeout_s`` (connect and answer each), or ``TransportError``: whether a
+    relay can open the connection a broadcast would. Bounded, so a port a firewall drops fails in seconds."""
+    ch = transport.connect(address, timeout=timeout_s)
+    try:
+        ch.settimeout(timeout_s)
+        ch.send(Frame(Kind.PING, index=0))
+        if ch.recv_header().kind != Kind.PONG:
+            raise TransportError(f"{address[0]}:{address[1]} did not answer PING with PONG")
+    except OSError as e:  # the channel's timeout
+        raise TransportError(f"{address[0]}:{address[1]} did not answer in {timeout_s:.0f} s: {e}") from e
+    finally:
+        ch.close()
+
+
 def probe_copy(transport: Transport, address: tuple[str, int], nbytes: int) -> float:
     """Seconds to move ``nbytes`` to ``address`` as one message, until the peer confirms."""
     payload = memoryview(bytearray(min(_SCRATCH, max(nbytes, 1))))

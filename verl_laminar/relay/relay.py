@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import Callable, Optional
@@ -109,6 +110,7 @@ class Relay:
         return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
                 "newest": self.store.newest(), "versions": self.store.versions(), "keep_versions": self.store.keep,
                 "memory_error": str(failure[1]) if failure else None, "delta": self.deltas.stats(),
+                "store_free": shutil.disk_usage(self.store.root).free,
                 "transport": getattr(self.transport, "name", type(self.transport).__name__)}
 
     def delta_stats(self) -> dict[str, int]:
@@ -121,6 +123,14 @@ class Relay:
     def probe_latency(self, address: tuple[str, int], n: int = 50) -> float:
         """Ts to the relay at ``address``: half the median header-only round trip."""
         return probe.probe_latency(self.transport, tuple(address), n)
+
+    def reach(self, address: tuple[str, int], timeout_s: float) -> Optional[str]:
+        """None when the relay at ``address`` answers a PING within ``timeout_s``, else why not (``probe.reach``)."""
+        try:
+            probe.reach(self.transport, tuple(address), timeout_s)
+            return None
+        except TransportError as e:
+            return str(e)
 
     def probe_copy(self, address: tuple[str, int], nbytes: int) -> float:
         """Seconds for one point-to-point copy of ``nbytes`` to the relay at ``address``."""

@@ -124,11 +124,13 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                                                                  self.laminar.heartbeat.interval_s))
         with lpool.streaming_replicas(self.laminar, str(self.config.actor_rollout_ref.rollout.name)) as streaming:
             super()._setup()
+        from verl_laminar.preflight import checks
         from verl_laminar.rollout.decode_profile import replica_b
         from verl_laminar.rollout.router_actor import spawn_router
 
         self.relay_group = relays.spawn_relays(self.actor_rollout_wg.workers[0], relay=self.laminar.relay,
-                                                heartbeat=self.laminar.heartbeat,
+                                                heartbeat=self.laminar.heartbeat, version_bytes=OmegaConf.select(
+                                                    self.config, checks.EXPECTED_BYTES_KEY),
                                                 replicas=self.standalone_server_manager.get_replicas())
         replicas = relays.replica_handles(self.standalone_server_manager.get_replicas())
         self._replicas = replicas

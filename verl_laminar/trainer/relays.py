@@ -53,7 +53,8 @@ def monitor_settings(heartbeat: Optional[Any]) -> dict:
 
 
 def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas: Optional[list] = None,
-                 relay: Optional[Any] = None, heartbeat: Optional[Any] = None) -> Any:
+                 relay: Optional[Any] = None, heartbeat: Optional[Any] = None,
+                 version_bytes: Optional[int] = None) -> Any:
     """The relay group: one relay per rollout node plus one on trainer rank 0's node, the master.
 
     ``replicas``: verl's rollout replicas (each with ``.workers``); None puts a relay on every alive node.
@@ -61,7 +62,9 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     None: their defaults (tcp, bound to each node's Ray address). ``heartbeat``: ``laminar.heartbeat``, which times
     the group's monitor (``monitor_settings``); the monitor starts with the group, so a dead relay leaves the chain
     (and a replica that joins its node later gets a new one, ``replica_relays``).
-    Relays and stores an earlier, crashed run left behind are swept first.
+    Relays and stores an earlier, crashed run left behind are swept first. Before the group is returned each
+    relay's node is checked (``admit_relays``): /dev/shm room for ``version_bytes`` (the preflight's size of one
+    version; None skips it) and a connection down each link of the chain; a problem raises, naming node and port.
     """
     import ray
 
@@ -97,6 +100,7 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
                                       link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface,
                                       delta=delta))
+    admit_relays(group, name, nodes, master, version_bytes, keep, delta)
     ray.get(group.start_monitor.remote())
     logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
                 "interface %s, delta %s, chain %s; monitor every %.1f s (a relay silent for %.1f s leaves the chain)",
@@ -104,6 +108,35 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
                 interface or "node address", delta or "off", plan, monitor["monitor_interval_s"],
                 monitor["ping_timeout_s"])
     return group
+
+
+def admit_relays(group: Any, name: str, nodes: dict[str, tuple[str, str]], master: str,
+                 version_bytes: Optional[int], keep: int, delta: Optional[str],
+                 timeout_s: Optional[float] = None) -> None:
+    """Raise ``RelayAdmissionError`` (after ending the group's relays) when a relay's node has too little /dev/shm
+    for what it keeps or a relay cannot reach its downstream neighbour (``relay/admit.py``)."""
+    import ray
+
+    from verl_laminar.relay import admit
+    from verl_laminar.relay.delta import MAX_DELTA_SHARE
+    from verl_laminar.relay.group import relay_actor_name
+
+    timeout_s = admit.REACH_TIMEOUT_S if timeout_s is None else timeout_s
+    actors = {rid: ray.get_actor(relay_actor_name(name, rid)) for rid in nodes}
+    infos = dict(zip(actors, ray.get([a.info.remote() for a in actors.values()])))
+    sites = {rid: admit.RelaySite(rid, nid, ip, tuple(infos[rid]["address"]), infos[rid]["root"],
+                                  int(infos[rid]["store_free"]), rid == master) for rid, (nid, ip) in nodes.items()}
+    links = admit.hops(ray.get(group.plan.remote()).relays)
+    answers = dict(zip(links, ray.get([actors[a].reach.remote(sites[b].address, timeout_s) for a, b in links])))
+    share = MAX_DELTA_SHARE if delta == "auto" else 0.0
+    problems = admit.shm_problems(list(sites.values()), version_bytes, keep, share)
+    problems += admit.hop_problems(sites, answers, timeout_s)
+    if problems:
+        ray.get(group.shutdown.remote())
+        ray.kill(group)
+        raise admit.admission_error(name, problems)
+    logger.info("relay group %s: every relay's /dev/shm holds its versions (%s), every link of the chain answered "
+                "(%d links)", name, "checked" if version_bytes else "version size unknown, not checked", len(links))
 
 
 def transport_label(spec: Optional[Any]) -> str:
