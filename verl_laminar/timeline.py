@@ -76,6 +76,7 @@ class Step:
     wait_for_data_s: float
     wait_for_weights_s: float
     staleness: tuple[int, ...] = ()
+    response_tokens: tuple[int, ...] = ()  # of the trajectories trained in this step, sorted: what admission kept
 
 
 Record = Union[RunStart, TrajectorySpan, Load, Publish, Step]
@@ -95,6 +96,7 @@ def to_json(rec: Record) -> str:
     body = dataclasses.asdict(rec)
     if isinstance(rec, Step):
         body["staleness"] = list(rec.staleness)
+        body["response_tokens"] = list(rec.response_tokens)
     return json.dumps({"kind": rec.KIND, **body}, separators=(",", ":"))
 
 
@@ -104,12 +106,13 @@ def from_dict(obj: Mapping[str, Any]) -> Record:
     if cls is None:
         raise ValueError(f"unknown record kind {obj.get('kind')!r}; known: {', '.join(KINDS)}")
     names = [f.name for f in dataclasses.fields(cls)]
-    absent = [n for n in names if n not in obj and n != "staleness"]
+    absent = [n for n in names if n not in obj and n not in ("staleness", "response_tokens")]
     if absent:
         raise ValueError(f"{cls.KIND} record lacks {', '.join(absent)}: {dict(obj)}")
     kwargs = {n: obj[n] for n in names if n in obj}
     if cls is Step:
         kwargs["staleness"] = tuple(int(s) for s in kwargs.get("staleness", ()))
+        kwargs["response_tokens"] = tuple(int(n) for n in kwargs.get("response_tokens", ()))
     return cls(**kwargs)
 
 

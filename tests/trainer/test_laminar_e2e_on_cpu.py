@@ -191,6 +191,11 @@ def test_the_run_leaves_a_timeline_the_report_draws(laminar_run, tmp_path_factor
     records = tl.read_timeline(tl.default_path(str(out / "checkpoints")))
     steps = [r for r in records if isinstance(r, tl.Step)]
     assert [s.step for s in steps] == list(range(1, n + 1))
+    # each step records its trained trajectories' response lengths beside their staleness (bench.learn's
+    # generated-against-trained check reads them), each one of a trajectory the rollouts finished
+    generated = sorted(r.response_tokens for r in records if isinstance(r, tl.TrajectorySpan))
+    assert all(len(s.response_tokens) == len(s.staleness) == BATCH * GROUP for s in steps), steps
+    assert all(generated[0] <= k <= generated[-1] for s in steps for k in s.response_tokens), steps
     loads = [r for r in records if isinstance(r, tl.Load)]
     assert {r.replica for r in loads if r.version >= 1} == {0, 1}, loads
     assert all(r.start <= r.end for r in loads)

@@ -342,7 +342,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         metrics.update(out)
         # flushed: a crashed run keeps every step it finished
         self._files.write([tl.Step(int(global_steps), time.time(), out[lm.TRAINER_WAIT], out[lm.ROLLOUT_WAIT],
-                                   tuple(sorted(r.staleness for r in trained)))], flush=True)
+                                   tuple(sorted(r.staleness for r in trained)),
+                                   tuple(sorted(r.response_tokens for r in trained)))], flush=True)
         # every metric verl logs for this step, whatever trainer.logger holds
         self._files.write_step(int(global_steps), time.time(), metrics)
         logger.info("laminar step %d: staleness %s, replica versions %s, %d trajectories checked", global_steps,

@@ -92,7 +92,10 @@ FIELDS = {
                             "critic/score/mean, reward_smoothed, tokens = perf/total_num_tokens), heldout (per "
                             "mark: mark_s, the weights version published at or before it, greedy accuracy, rows), "
                             "tokens_per_s (trained tokens within the budget / budget), step_time_s, "
-                            "staleness_histogram, prompts (counts, covered prefix, sha256), times to target",
+                            "staleness_histogram, prompts (counts, covered prefix, sha256), times to target, "
+                            "response_length (Laminar modes: response tokens of the finished trajectories against "
+                            "the trained ones, p50/p99/max, from its timeline; trained None where the timeline's "
+                            "step records carry no lengths)",
     "modes.<mode>.prompt_fingerprint": "seed -> sha256 of the prompt ids over the prefix every mode of that "
                                        "seed's part trained (prompt_order says how)",
     "modes.<mode>.time_to_reward_target_s": "over seeds: median_s, min_s, max_s (None when a seed did not reach "

@@ -92,6 +92,7 @@ class ModeRun:
     heldout: list[dict]
     prompt_ids: list[str]
     clock_check: Optional[dict] = None
+    response_length: Optional[dict] = None
 
 
 def run_mode(cfg: LearnConfig, mode: str, seed: int, base_heldout: float) -> ModeRun:
@@ -126,8 +127,9 @@ def run_mode(cfg: LearnConfig, mode: str, seed: int, base_heldout: float) -> Mod
                        "n": got.get("n") if got else None})
     if not cfg.keep_checkpoints:
         _drop_checkpoints(paths)
+    timeline = paths.checkpoints / "laminar_timeline.jsonl"
     return ModeRun(mode, outcome, points, scored_within(outcome, paths.record, cfg.budget_s),
-                   clock_check(outcome, paths.checkpoints / "laminar_timeline.jsonl"))
+                   clock_check(outcome, timeline), response_lengths(timeline))
 
 
 def clock_check(outcome: Outcome, timeline: Path) -> Optional[dict]:
@@ -144,6 +146,29 @@ def clock_check(outcome: Outcome, timeline: Path) -> Optional[dict]:
     first = min(starts) - outcome.launch_unix
     return {"estimated_first_dispatch_s": round(t0, 3), "timeline_first_trajectory_start_s": round(first, 3),
             "difference_s": round(t0 - first, 3)}
+
+
+def response_lengths(timeline: Path) -> Optional[dict]:
+    """For a Laminar run, response lengths of what it generated (finished trajectories) against what it trained
+    (the step records): a bound that admitted or kept trajectories by length would show as a trained p99 below the
+    generated one. None without a timeline; ``trained`` None for a timeline whose steps do not record lengths."""
+    from verl_laminar import timeline as tl
+    from verl_laminar.bench.pool_load import percentile
+
+    if not timeline.is_file():
+        return None
+    recs = tl.read_timeline(timeline)
+    generated = [r.response_tokens for r in recs if isinstance(r, tl.TrajectorySpan)]
+    trained = [n for r in recs if isinstance(r, tl.Step) for n in r.response_tokens]
+    if not generated:
+        return None
+    out = {"generated": len(generated), "generated_p50": percentile(generated, 0.5),
+           "generated_p99": percentile(generated, 0.99), "generated_max": max(generated), "trained": len(trained),
+           "trained_p50": percentile(trained, 0.5), "trained_p99": percentile(trained, 0.99),
+           "trained_max": max(trained, default=None)}
+    out["trained_over_generated_p99"] = (round(out["trained_p99"] / out["generated_p99"], 4)
+                                         if trained and out["generated_p99"] else None)
+    return out
 
 
 def _drop_checkpoints(paths: plan.RunPaths) -> None:
@@ -191,6 +216,7 @@ def run_part(cfg: LearnConfig, seed: int, targets: plan.Targets, base: dict, ord
         runs[mode]["prompts"]["trained_groups"] = runs[mode]["steps"] * cfg.workload.batch
         runs[mode]["launch_wall_s"] = round(r.outcome.wall_s, 1)
         runs[mode]["clock_check"] = r.clock_check
+        runs[mode]["response_length"] = r.response_length
     entry = {"common_prefix": fp["common_prefix"], "equal": fp["equal"],
              "first_ids": order[:min(fp["common_prefix"], 16)]}
     return runs, entry, time.monotonic() - t
