@@ -99,9 +99,9 @@ def test_admission_names_the_short_node_and_the_unreachable_port(group):
 
     g, nodes = _admit_group("admit_ok")
     relays = [ray.get_actor(ray.get(g.actor_name.remote(rid))) for rid in nodes]
-    admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 20, 2, "auto", timeout_s=5.0)  # 1 MiB: fits
+    admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 20, 2, timeout_s=5.0)  # 1 MiB: fits
     with pytest.raises(RelayAdmissionError, match=r"(?s)admit_ok-a on node .*has .* free, its relay keeps up to") as e:
-        admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 50, 2, "auto", timeout_s=5.0)
+        admit_relays(g, "admit_ok", nodes, "admit_ok-a", 1 << 50, 2, timeout_s=5.0)
     assert "admit_ok-b" in str(e.value) and "laminar.relay.keep_versions" in str(e.value)
     for r in relays:  # the group's relays were ended
         with pytest.raises(ray.exceptions.RayActorError):
@@ -110,9 +110,9 @@ def test_admission_names_the_short_node_and_the_unreachable_port(group):
     g, nodes = _admit_group("admit_port")
     down = ray.get_actor(ray.get(g.actor_name.remote("admit_port-b")))
     host, port = ray.get(down.address.remote())
-    ray.get(down.close.remote())  # its port now answers nothing
+    ray.get(down.close.remote(True))  # its port now answers nothing (and its store is gone)
     t0 = time.monotonic()
     with pytest.raises(RelayAdmissionError, match=f"cannot reach its downstream relay admit_port-b on node .* at "
                                                   f"{host}:{port} \\(TCP\\)"):
-        admit_relays(g, "admit_port", nodes, "admit_port-a", None, 2, None, timeout_s=5.0)
+        admit_relays(g, "admit_port", nodes, "admit_port-a", None, 2, timeout_s=5.0)
     assert time.monotonic() - t0 < 30

@@ -116,10 +116,11 @@ def test_the_relay_setup_starts_the_monitor_timed_by_the_heartbeat(fake_ray, mon
         remote=lambda *a, **k: _Handle(FakeGroup(*a, **k)))))
     monkeypatch.setattr(group_mod, "sweep_stale_relays", lambda name, nodes: {})
     admitted = []  # the start-up check runs on real relays in tests/relay/test_relay_group_ray_on_cpu.py
-    monkeypatch.setattr(relays, "admit_relays", lambda group, name, nodes, master, size, keep, delta:
-                        admitted.append((sorted(nodes) == sorted(made[0].nodes), master, size, keep)))
+    monkeypatch.setattr(relays, "admit_relays", lambda group, name, nodes, master, size, keep:
+                        admitted.append((sorted(nodes) == sorted(made[0].nodes), nodes[master][0], size, keep)))
     relays.spawn_relays("nA", heartbeat=HeartbeatConfig(interval_s=2.0, dead_after_s=12.0), version_bytes=123)
-    assert len(admitted) == 1 and admitted[0][0] and admitted[0][2:] == (123, 2)
+    # every spawned relay is checked, the master being the one on trainer rank 0's node (nA)
+    assert admitted == [(True, "nA", 123, 2)]
     assert made[0].monitoring and made[0].monitor == {"ping_timeout_s": 12.0, "monitor_interval_s": 2.0}
     assert sorted(nid for nid, _ in made[0].nodes.values()) == ["nA", "nB", "nC"]
     assert relays.monitor_settings(None) == {"ping_timeout_s": relays.DEFAULT_PING_TIMEOUT_S,

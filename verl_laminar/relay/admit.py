@@ -9,7 +9,9 @@ and each relay opens one connection to its downstream neighbour in the chain (th
 bounded wait. Every problem is named with its node, relay, address and port, and the fix.
 
 Not checked: the pulls a replica makes from another node's relay while its own relay is dead (``client.py``), which
-go to relays the chain check already reached from their upstream neighbour.
+go to relays the chain check already reached from their upstream neighbour; with the Mooncake transport, its
+one-sided data path (only the relays' TCP control connection is opened here); the room for the delta a relay keeps
+with ``laminar.relay.delta=auto`` (optional: a master short of it sends the version whole, as the preflight says).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RelaySite:
     node_ip: str
     address: tuple[str, int]  # where it listens (node address or laminar.relay.interface, ephemeral port)
     store: str  # its store's folder (``/dev/shm/laminar-relay/<id>`` where tmpfs exists)
-    store_free: int  # bytes free on the store's filesystem at start
+    store_free: Optional[int]  # bytes free on the store's filesystem at start (None: unknown)
     master: bool
 
 
@@ -45,26 +47,23 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def needed_bytes(version_bytes: int, keep_versions: int, master: bool, delta_share: float = 0.0) -> int:
-    """Shared-memory bytes the relay needs: its kept versions (one more on the master, the spare publish buffer),
-    and the delta it keeps for its downstream when deltas are on (``delta_share`` of a version at most)."""
-    role = ROLE_MASTER if master else ROLE_ROLLOUT
-    return relay_host_bytes(int(version_bytes), keep_versions, role) + int(delta_share * version_bytes)
+def needed_bytes(version_bytes: int, keep_versions: int, master: bool) -> int:
+    """Shared-memory bytes the relay needs: its kept versions, one more on the master (the spare publish buffer);
+    the preflight's ``relay.dev_shm`` rule, applied on the relay's own node."""
+    return relay_host_bytes(int(version_bytes), keep_versions, ROLE_MASTER if master else ROLE_ROLLOUT)
 
 
-def shm_problems(sites: list[RelaySite], version_bytes: Optional[int], keep_versions: int,
-                 delta_share: float = 0.0) -> list[str]:
+def shm_problems(sites: list[RelaySite], version_bytes: Optional[int], keep_versions: int) -> list[str]:
     """One line per relay whose store cannot hold what it keeps; none when the version's size is unknown."""
     if not version_bytes:
         return []
     out = []
     for s in sites:
-        need = needed_bytes(version_bytes, keep_versions, s.master, delta_share)
-        if s.store_free < need:
+        need = needed_bytes(version_bytes, keep_versions, s.master)
+        if s.store_free is not None and s.store_free < need:
             out.append(f"relay {s.relay_id} on node {s.node_id} ({s.node_ip}): {s.store} has {_gib(s.store_free)} "
                        f"free, its relay keeps up to {_gib(need)} ({keep_versions} versions of {_gib(version_bytes)}"
-                       + (", the master's spare publish buffer" if s.master else "")
-                       + (", the kept delta" if delta_share else "") + "). Enlarge /dev/shm on that node (docker "
+                       + (", the master's spare publish buffer" if s.master else "") + "). Enlarge /dev/shm on that node (docker "
                        "run --shm-size, Kubernetes emptyDir medium: Memory with sizeLimit) or lower "
                        "laminar.relay.keep_versions")
     return out
@@ -77,11 +76,15 @@ def hops(chain: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
 
 def hop_problem(src: RelaySite, dst: RelaySite, error: str, timeout_s: float) -> str:
     host, port = dst.address
+    if "refused" in error.lower():  # nothing listens there: the relay bound another address, or is gone
+        fix = ("nothing accepts connections there: check that the relay binds an address other nodes reach "
+               "(laminar.relay.interface) and that its process is alive")
+    else:  # dropped or unanswered: a firewall, or no route between the two
+        fix = ("relays listen on an ephemeral TCP port of their node's address: allow TCP between the cluster's "
+               "nodes on ephemeral ports (net.ipv4.ip_local_port_range), or set laminar.relay.interface to a network "
+               "every node reaches")
     return (f"relay {src.relay_id} on node {src.node_id} ({src.node_ip}) cannot reach its downstream relay "
-            f"{dst.relay_id} on node {dst.node_id} at {host}:{port} (TCP) within {timeout_s:.0f} s: {error}. Relays "
-            "listen on an ephemeral TCP port of their node's address: allow TCP between the cluster's nodes on "
-            "ephemeral ports (net.ipv4.ip_local_port_range), or set laminar.relay.interface to a network every node "
-            "reaches")
+            f"{dst.relay_id} on node {dst.node_id} at {host}:{port} (TCP) within {timeout_s:g} s: {error}. {fix}")
 
 
 def hop_problems(sites: dict[str, RelaySite], answers: dict[tuple[str, str], Optional[str]],

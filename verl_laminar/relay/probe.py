@@ -41,7 +41,9 @@ def reach(transport: Transport, address: tuple[str, int], timeout_s: float) -> N
         ch.send(Frame(Kind.PING, index=0))
         if ch.recv_header().kind != Kind.PONG:
             raise TransportError(f"{address[0]}:{address[1]} did not answer PING with PONG")
-    except OSError as e:  # the channel's timeout
+    except TransportError:
+        raise  # the channel's own errors (its timeout included) already name the peer
+    except OSError as e:
         raise TransportError(f"{address[0]}:{address[1]} did not answer in {timeout_s:.0f} s: {e}") from e
     finally:
         ch.close()

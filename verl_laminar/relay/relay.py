@@ -110,7 +110,7 @@ class Relay:
         return {"relay_id": self.relay_id, "address": self.address(), "root": self.store.root, "pid": os.getpid(),
                 "newest": self.store.newest(), "versions": self.store.versions(), "keep_versions": self.store.keep,
                 "memory_error": str(failure[1]) if failure else None, "delta": self.deltas.stats(),
-                "store_free": shutil.disk_usage(self.store.root).free,
+                "store_free": _free_bytes(self.store.root),
                 "transport": getattr(self.transport, "name", type(self.transport).__name__)}
 
     def delta_stats(self) -> dict[str, int]:
@@ -367,3 +367,11 @@ class Relay:
 
     def reader(self) -> StoreReader:
         return StoreReader(self.store.root)
+
+
+def _free_bytes(path: str) -> Optional[int]:
+    """Free bytes of the filesystem holding ``path``; None when it is gone (a closed, destroyed store)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None

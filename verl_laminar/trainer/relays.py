@@ -100,7 +100,7 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
                                       link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface,
                                       delta=delta))
-    admit_relays(group, name, nodes, master, version_bytes, keep, delta)
+    admit_relays(group, name, nodes, master, version_bytes, keep)
     ray.get(group.start_monitor.remote())
     logger.info("relay group %s: %d relays (of %d nodes), master %s, keep_versions %d, chunk_mb %s, transport %s, "
                 "interface %s, delta %s, chain %s; monitor every %.1f s (a relay silent for %.1f s leaves the chain)",
@@ -111,32 +111,46 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
 
 
 def admit_relays(group: Any, name: str, nodes: dict[str, tuple[str, str]], master: str,
-                 version_bytes: Optional[int], keep: int, delta: Optional[str],
-                 timeout_s: Optional[float] = None) -> None:
-    """Raise ``RelayAdmissionError`` (after ending the group's relays) when a relay's node has too little /dev/shm
-    for what it keeps or a relay cannot reach its downstream neighbour (``relay/admit.py``)."""
+                 version_bytes: Optional[int], keep: int, timeout_s: Optional[float] = None) -> None:
+    """Raise ``RelayAdmissionError`` when a relay's node has too little /dev/shm for the versions it keeps or a
+    relay cannot reach its downstream neighbour (``relay/admit.py``). On any failure here the group's relays are
+    ended first, and the error that stopped the check is the one raised."""
     import ray
 
     from verl_laminar.relay import admit
-    from verl_laminar.relay.delta import MAX_DELTA_SHARE
     from verl_laminar.relay.group import relay_actor_name
 
     timeout_s = admit.REACH_TIMEOUT_S if timeout_s is None else timeout_s
-    actors = {rid: ray.get_actor(relay_actor_name(name, rid)) for rid in nodes}
-    infos = dict(zip(actors, ray.get([a.info.remote() for a in actors.values()])))
-    sites = {rid: admit.RelaySite(rid, nid, ip, tuple(infos[rid]["address"]), infos[rid]["root"],
-                                  int(infos[rid]["store_free"]), rid == master) for rid, (nid, ip) in nodes.items()}
-    links = admit.hops(ray.get(group.plan.remote()).relays)
-    answers = dict(zip(links, ray.get([actors[a].reach.remote(sites[b].address, timeout_s) for a, b in links])))
-    share = MAX_DELTA_SHARE if delta == "auto" else 0.0
-    problems = admit.shm_problems(list(sites.values()), version_bytes, keep, share)
-    problems += admit.hop_problems(sites, answers, timeout_s)
-    if problems:
-        ray.get(group.shutdown.remote())
-        ray.kill(group)
-        raise admit.admission_error(name, problems)
+    try:
+        actors = {rid: ray.get_actor(relay_actor_name(name, rid)) for rid in nodes}
+        infos = dict(zip(actors, ray.get([a.info.remote() for a in actors.values()], timeout=60)))
+        sites = {rid: admit.RelaySite(rid, nid, ip, tuple(infos[rid]["address"]), infos[rid]["root"],
+                                      infos[rid].get("store_free"), rid == master) for rid, (nid, ip) in nodes.items()}
+        links = admit.hops(ray.get(group.plan.remote(), timeout=60).relays)
+        # each reach is bounded (connect, then one answer, each within timeout_s); the margin is Ray's own
+        answers = dict(zip(links, ray.get([actors[a].reach.remote(sites[b].address, timeout_s) for a, b in links],
+                                          timeout=2 * timeout_s + 60)))
+        problems = admit.shm_problems(list(sites.values()), version_bytes, keep)
+        problems += admit.hop_problems(sites, answers, timeout_s)
+        if problems:
+            raise admit.admission_error(name, problems)
+    except BaseException:
+        _end_group(group)
+        raise
     logger.info("relay group %s: every relay's /dev/shm holds its versions (%s), every link of the chain answered "
                 "(%d links)", name, "checked" if version_bytes else "version size unknown, not checked", len(links))
+
+
+def _end_group(group: Any) -> None:
+    """Best effort: the relays and their stores, then the group actor; a failure here must not hide the cause."""
+    import ray
+
+    try:
+        ray.get(group.shutdown.remote(), timeout=120)
+    except Exception as e:  # noqa: BLE001 - the caller raises the error that matters
+        logger.warning("relay group shutdown after a failed start: %s", e)
+    finally:
+        ray.kill(group)
 
 
 def transport_label(spec: Optional[Any]) -> str:
