@@ -27,7 +27,10 @@ class Server:
     __ray_ready__ = _Ready()
 
 
-async def _run(k: Optional[int]) -> dict:
+async def _run(k: Optional[int], ready_first: bool = False) -> dict:
+    """``ready_first``: the trainer may see a group before its ``finish_group`` reaches the router, as in production
+    (verl writes the group's finished status to its TransferQueue inside the agent loop, and the loop calls
+    ``finish_group`` after that)."""
     reps = [ReplicaHandles(i, f"addr{i}", Server()) for i in range(2)]
 
     async def refresher(replica, version):
@@ -45,8 +48,13 @@ async def _run(k: Optional[int]) -> dict:
         await asyncio.sleep(LONG if i % 4 == 0 else SHORT)
         await router.release_server(addr, f"{gid}-0")
         await router.trajectory_finished(f"{gid}_0", gid, 3, 5)
-        await router.finish_group(gid)
-        ready.append((gid, a.version))
+        if ready_first:
+            ready.append((gid, a.version))
+            await asyncio.sleep(0.03)  # the trainer takes a step meanwhile
+            await router.finish_group(gid)
+        else:
+            await router.finish_group(gid)
+            ready.append((gid, a.version))
 
     async def prompts() -> None:  # verl keeps prompts queued ahead of the trainer
         tasks = []
@@ -94,6 +102,43 @@ def test_with_the_bound_every_trained_group_is_within_k_and_every_step_trains(k)
     assert out["published"] == STEPS
     # what the router still counts as untrained is exactly what the trainer has not taken
     assert all(g.startswith("g") for g in out["untrained"])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_groups_the_trainer_takes_before_their_finish_group_do_not_hang_the_bound(k):
+    """Production's order: verl's status write makes a group ready before the agent loop's finish_group reaches the
+    router. A group taken in between once stayed 'untrained' forever: pending for every later batch and holding
+    an admission slot, so the trainer waited for it and no replica took new work (a hang)."""
+    out = asyncio.run(_run(k, ready_first=True))
+    assert len(out["lags"]) == STEPS * PER_STEP and out["published"] == STEPS
+    assert max(out["lags"]) <= k, out
+
+
+def test_a_group_taken_before_its_finish_group_is_never_untrained_again():
+    """The bound's books directly (rollout.router_bound): the race above, step by step."""
+    from verl_laminar.policy.dispatch import Assignment
+    from verl_laminar.rollout.books import GroupBook
+    from verl_laminar.rollout.router_bound import BoundBook
+
+    book, groups = BoundBook(2, 8), GroupBook()
+
+    def done(g, v):
+        groups.n[g] = groups.finished[g] = 4
+        book.finished(g, Assignment(g, 0, v), groups)
+
+    ready13 = [(f"g{i}", 10) for i in range(4)] + [(f"g{i}", 11) for i in range(4, 8)]
+    for g, v in ready13[:7]:
+        done(g, v)
+    pins = {"g7": Assignment("g7", 1, 11)}  # complete in verl's buffer, its finish_group not yet in
+    groups.n["g7"] = groups.finished["g7"] = 4
+    assert sorted(book.plan(13, ready13, pins, set())) == sorted(g for g, _ in ready13)
+    book.finished("g7", pins.pop("g7"), groups)  # the agent loop's finish_group arrives late
+    assert book.untrained == {} and book.taken == set()
+    ready14 = [(f"a{i}", 11) for i in range(4)] + [(f"b{i}", 12) for i in range(10)] + [(f"c{i}", 13) for i in range(9)]
+    for g, v in ready14:
+        done(g, v)
+    assert book.admission({}, set(), 13) == (11, 1)  # with the stale entry: (14, 0), nothing admitted
+    assert book.plan(14, ready14, {}, set()) is not None  # with it: None on every call, the hang
 
 
 def test_a_dropped_group_stops_counting_against_admission():

@@ -28,6 +28,11 @@ class BoundBook:
         self.untrained: dict[str, int] = {}  # finished training groups the trainer has not taken: group -> version
         self.sampled: Optional[int] = None  # the last step whose batch the trainer took
         self.overdue = 0  # groups trained beyond the bound (only a restart's restored backlog can cause them)
+        # groups the trainer took before their finish_group reached the router: verl writes a group's finished
+        # status to its TransferQueue inside the agent loop, before the loop's own finish_group call, so the trainer
+        # can train a group first. Such a group must not become untrained afterwards (it would be pending forever:
+        # the trainer would wait for it and admission would count its slot, a hang), nor count while its pin is open
+        self.taken: set[str] = set()
 
     def next_step(self, published: int) -> int:
         """The step the trainer samples next: it samples step s after publishing s - 1."""
@@ -35,6 +40,9 @@ class BoundBook:
 
     def finished(self, group_id: str, pin: Optional[Assignment], groups: GroupBook) -> None:
         """A group ends: a training group whose every response finished waits for the trainer (``plan``)."""
+        if group_id in self.taken:  # already trained (see ``taken``)
+            self.taken.discard(group_id)
+            return
         if self.bound.on and pin is not None and group_id not in groups.validate and group_id in groups.complete():
             self.untrained[group_id] = int(pin.version)
 
@@ -44,7 +52,7 @@ class BoundBook:
 
     def admission(self, pins: Mapping[str, Assignment], validate: set[str],
                   published: int) -> tuple[Optional[int], Optional[int]]:
-        versions = self._open(pins, validate) + list(self.untrained.values())
+        versions = self._open(pins, validate | self.taken) + list(self.untrained.values())
         return self.bound.admission(self.next_step(published), int(published), self.per_step, versions)
 
     def plan(self, step: int, ready: Sequence[tuple[str, int]], pins: Mapping[str, Assignment],
@@ -55,7 +63,8 @@ class BoundBook:
             self.untrained.pop(g, None)
         ready = [(str(g), int(v)) for g, v in ready]
         have = {g for g, _ in ready}
-        pending = self._open(pins, validate | have) + [v for g, v in self.untrained.items() if g not in have]
+        pending = (self._open(pins, validate | have | self.taken)
+                   + [v for g, v in self.untrained.items() if g not in have])
         chosen = self.bound.choose(int(step), ready, pending, int(size or self.per_step))
         if chosen is None:
             return None
@@ -66,6 +75,7 @@ class BoundBook:
             logger.warning("laminar: step %d trains %d groups beyond max_staleness=%s (a restored backlog): %s",
                            step, len(late), self.bound.k, late[:5])
         for g in chosen:
-            self.untrained.pop(g, None)
+            if self.untrained.pop(g, None) is None and self.bound.on and g in pins:
+                self.taken.add(g)  # chosen while its finish_group is still to come
         self.sampled = max(int(step), self.sampled or 0)
         return chosen
