@@ -227,6 +227,22 @@ def test_add_to_refuses_a_result_of_another_task_budget_or_seed():
         result.merge(merged, new)
 
 
+def test_a_rerun_of_some_modes_takes_the_targets_only_from_a_result_of_the_same_run():
+    prov = {"date": "2026-12-05T14:00:00+00:00", "machine": {}, "command": "c", "commit": "h", "load_avg_at_start": []}
+    old = result.assemble(prov, _ident(), TARGETS, {"sync": [_run(0, 20.0)], "laminar": [_run(0, 20.0)]},
+                          {"0": {"common_prefix": 8, "equal": True}}, [result.part_record(0, prov, 1.0)])
+    some = _ident(modes=["laminar"], placements={"laminar": plan.placement("laminar").as_dict(2)})
+    assert result.mismatch(old, some, subset_of_modes=True) == []
+    assert [w.split(":")[0] for w in result.mismatch(old, some)] == ["modes", "placements"]  # not a part of it
+    other = _ident(modes=["laminar_bounded"],
+                   placements={"laminar_bounded": plan.placement("laminar_bounded").as_dict(2)})
+    assert result.mismatch(old, other, subset_of_modes=True)[0].startswith("modes: ['laminar_bounded']")
+    moved = _ident(modes=["laminar"], placements={"laminar": plan.placement("laminar").as_dict(4)})
+    assert [w.split(":")[0] for w in result.mismatch(old, moved, subset_of_modes=True)] == ["placements"]
+    assert [w.split(":")[0] for w in result.mismatch(old, {**some, "budget_s": 5.0}, subset_of_modes=True)] == [
+        "budget_s"]
+
+
 def test_add_to_refuses_from_the_command_line(tmp_path):
     from verl_laminar.bench.learn.__main__ import main
 

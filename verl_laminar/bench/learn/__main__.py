@@ -3,6 +3,8 @@
     python -m verl_laminar.bench.learn --seeds 1 --results docs/results        # one part: seed 0, every mode
     python -m verl_laminar.bench.learn --add-to docs/results/learn_<date>.json --seed-list 1   # one more part
     python -m verl_laminar.bench.learn --smoke --out /tmp/learn-smoke          # CI: sync and laminar, a minute each
+    python -m verl_laminar.bench.learn --modes laminar,laminar_bounded --seed-list 2 --results docs/results \
+        --results-name learn_rerun --targets-from docs/results/learn_<date>.json   # a rerun of some modes
 
 How to read the result and the rules behind it: docs/learn.md.
 """
@@ -56,8 +58,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the marks' checkpoints after evaluation")
     ap.add_argument("--add-to", default=None, metavar="RESULT.json", help="add seeds to this result (refused when its "
                     "task, model, workload, budget, marks or modes differ)")
+    ap.add_argument("--targets-from", default=None, metavar="RESULT.json", help="take the targets from this result "
+                    "instead of evaluating the warm start (refused when its task, model, workload, budget or marks "
+                    "differ; the modes may be a subset): a rerun of some modes, comparable with it")
     ap.add_argument("--out", default=str(REPO / "runs" / "learn"), help="run folder (logs, checkpoints, result.json)")
-    ap.add_argument("--results", default=None, help="also write <results>/learn_<date>.json and its pictures")
+    ap.add_argument("--results", default=None, help="also write <results>/<results-name>_<date>.json and its pictures")
+    ap.add_argument("--results-name", default="learn", help="file name stem under --results (default learn)")
     ap.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     ap.add_argument("--smoke", action="store_true", help="1 seed, sync and laminar, a short budget: the same code path")
     args = ap.parse_args(argv)
@@ -80,6 +86,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.seed_values = None
     if args.add_to and args.results:
         ap.error("--add-to writes into its file; --results names a new one: pass one of them")
+    if args.add_to and args.targets_from:
+        ap.error("--add-to takes its file's targets already; --targets-from is for a new result")
     return args
 
 
@@ -158,15 +166,22 @@ def main(argv: Optional[list[str]] = None) -> int:
             why = result.mismatch(existing, ident)
             if why:
                 raise TaskError(f"--add-to {args.add_to}: this run measures something else; " + "; ".join(why))
+        source = json.loads(Path(args.targets_from).read_text()) if args.targets_from else None
+        if source is not None:
+            why = result.mismatch(source, ident, subset_of_modes=True)
+            if why:
+                raise TaskError(f"--targets-from {args.targets_from}: its targets were fixed for something else; "
+                                + "; ".join(why))
         seeds = choose_seeds(args, existing)
         record = provenance(argv, MODULE)
         results_path = Path(args.add_to) if args.add_to else (
-            claim_result_path(args.results, "learn", record) if args.results else None)
+            claim_result_path(args.results, args.results_name, record) if args.results else None)
     except (TaskError, OSError, ValueError) as e:  # FileExistsError: a result of that name and date exists
         logger.error("%s", e)
         return 2
-    if existing is not None:
-        targets = plan.targets_from_dict(existing["targets"])
+    fixed = existing if existing is not None else source
+    if fixed is not None:
+        targets = plan.targets_from_dict(fixed["targets"])
         base = {"heldout_accuracy": targets.base_heldout_accuracy}
     else:
         base = run.base_values(cfg)
@@ -174,6 +189,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    cfg.heldout_margin, cfg.window, cfg.workload.group)
         logger.info("targets: reward %.3f, held-out %.3f (%s)", targets.reward, targets.heldout, base)
     target_dict = {**targets.as_dict(), "base_evaluations": {k: base[k] for k in ("heldout", "dev") if k in base}}
+    if source is not None:  # the same values, and where they came from
+        target_dict = {**source["targets"], "from_result": Path(args.targets_from).name}
     orders = run.OrderCache(cfg)
     runs: dict[str, list[dict]] = {}
     order: dict[str, dict] = {}

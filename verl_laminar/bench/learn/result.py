@@ -25,16 +25,25 @@ def identity(task: Mapping, model: Mapping, workload: Mapping, budget_s: float, 
             "reward_window_steps": window, "placements": dict(placements)}
 
 
-def mismatch(existing: Mapping, ident: Mapping) -> list[str]:
+def mismatch(existing: Mapping, ident: Mapping, subset_of_modes: bool = False) -> list[str]:
     """Why a new part cannot join ``existing`` (empty: it can). Machine and date may differ (each part records
-    its own); what is measured may not."""
+    its own); what is measured may not. ``subset_of_modes``: a rerun of some of ``existing``'s modes (its
+    targets reused), so the modes may be fewer, and each one's placement must still match."""
     old = existing.get("identity")
     if not isinstance(old, Mapping):
         return ["the existing file has no 'identity': it is not a result of python -m verl_laminar.bench.learn"]
     out = []
     for key in IDENTITY_KEYS:
-        if old.get(key) != ident.get(key):
-            out.append(f"{key}: existing {old.get(key)!r}, this run {ident.get(key)!r}")
+        mine, theirs = ident.get(key), old.get(key)
+        if subset_of_modes and key == "modes":
+            extra = sorted(set(mine or []) - set(theirs or []))
+            if extra:
+                out.append(f"modes: {extra} are not in the existing result's {theirs!r}")
+            continue
+        if subset_of_modes and key == "placements":
+            theirs = {m: p for m, p in (theirs or {}).items() if m in (mine or {})}
+        if theirs != mine:
+            out.append(f"{key}: existing {theirs!r}, this run {mine!r}")
     return out
 
 
