@@ -40,6 +40,8 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
     "laminar.cpu_priority": (
         # true renices only on the CPU platform; false never does
         "tests/config/test_key_wiring_on_cpu.py::test_cpu_priority_renices_only_when_on_and_on_the_cpu_platform",
+        # and only the rollouts on a machine with a trainer rank
+        "tests/config/test_key_wiring_on_cpu.py::test_cpu_priority_lowers_only_rollouts_that_share_a_machine_with_a_trainer_rank",
         # what the renice does: every thread of every process of a replica's tree
         "tests/foundation/test_priority_on_cpu.py::test_every_thread_of_every_process_in_the_tree_is_reniced",
     ),

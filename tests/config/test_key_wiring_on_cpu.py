@@ -37,6 +37,29 @@ def test_cpu_priority_renices_only_when_on_and_on_the_cpu_platform():
     assert asked == [True, False]  # false: the platform is not even asked
 
 
+def test_cpu_priority_lowers_only_rollouts_that_share_a_machine_with_a_trainer_rank(monkeypatch):
+    from verl_laminar.fleet import node_procs
+    from verl_laminar.fleet.node_procs import ProcRef
+    from verl_laminar.trainer.procs import apply_cpu_priority
+
+    where = {"trainer": "head", "r0": "head", "r1": "w1", "r2": "w2"}
+    reniced = []
+    monkeypatch.setattr(node_procs, "locate", lambda actor: ProcRef(where[actor], "ns", 1, None))
+    monkeypatch.setattr(node_procs, "renice_procs",
+                        lambda refs, nice: reniced.append((refs[0].node, nice)) or {"processes": 1})
+    out = apply_cpu_priority(["trainer"], ["r0", "r1", "r2"])
+    # the replica beside the trainer yields to it; those on machines of their own keep Ray's priority
+    assert reniced == [("head", 19), ("head", 0)] and out["rollouts_left_alone"] == 2
+    assert out["trainer_nodes"] == ["head"]
+    reniced.clear()  # a replacement joining: the trainer's machines as remembered
+    apply_cpu_priority([], ["r1", "r0"], out["trainer_nodes"])
+    assert reniced == [("head", 19)]
+    reniced.clear()  # one host (every process on one node): every rollout is lowered, as before
+    where.update(r1="head", r2="head")
+    assert apply_cpu_priority(["trainer"], ["r0", "r1", "r2"])["rollouts_left_alone"] == 0
+    assert reniced == [("head", 19)] * 3 + [("head", 0)]
+
+
 # ---- laminar.repack.interval_s ----
 def test_repack_rounds_run_every_interval_s():
     from verl_laminar.config.prepare import repack_settings

@@ -69,12 +69,15 @@ def cluster_run(tiny_model_dir, tmp_path_factory):
                            f"laminar.run_until.events=[{','.join(RUN_UNTIL)}]", f"laminar.run_until.min_steps={MIN_STEPS}",
                            "laminar.relay.delta=auto", "trainer.logger=[]"], timeout_s=1500, env=env)
         log = proc.stdout + proc.stderr
+        (base / "run.log").write_text(log)  # the whole console, whatever the outcome
         if proc.returncode != 0:  # keep every node's folder (Ray's logs under <node>/tmp/ray) to find out why
             c.spec = dataclasses.replace(c.spec, keep_logs=True)
             log += f"\n[the nodes' folders, with their Ray logs, are kept under {base}]"
-        head_out = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/")
-        steps_file = head_out / "checkpoints" / stepfile.FILE_NAME
-        run = RunRecord.from_step_file("laminar", steps_file) if steps_file.exists() else None
+        # OUT is in the /tmp of the node Ray placed verl's TaskRunner on (not pinned to the head: issue 40)
+        found = [n.folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints" / stepfile.FILE_NAME
+                 for n in c.nodes.values()]
+        steps_file = next((f for f in found if f.exists()), None)
+        run = RunRecord.from_step_file("laminar", steps_file) if steps_file is not None else None
         prefix = c.id
     left = [n for n in host.netns_list() if n.startswith(prefix)]
     return proc.returncode, log, run, left, time.monotonic() - t0

@@ -22,6 +22,9 @@ class FakeSocket:
     def recv(self) -> bytes:
         return b"ack"
 
+    def send_pyobj(self, obj) -> None:
+        self.sent = obj
+
     def close(self) -> None:
         self.closed = True
 
@@ -59,6 +62,22 @@ def test_watched_socket_gives_up_on_a_stuck_receiver():
 
     with pytest.raises(ReceiverGoneError, match="alive but stuck"):
         WatchedSocket(FakeSocket(ready_after=10**9), None, timeout_s=5, clock=clock).recv()
+
+
+def test_a_receiver_that_returned_after_the_last_bucket_is_its_ack():
+    """verl's receiver acks the last bucket from its clean-up just before its rpc returns: the rpc's success may be
+    seen first (an emulated cluster's run failed on it), so after the last bucket it counts as the ack."""
+    done = lambda: True  # noqa: E731 - the receiving rpc ended without error
+    late = WatchedSocket(FakeSocket(ready_after=1), done, timeout_s=60)  # its ack readable at the grace poll
+    late.send_pyobj({"bucket_meta": {}, "is_last": True})
+    assert late.recv() == b"ack" and late.acks == 1
+    lost = WatchedSocket(FakeSocket(ready_after=10**9), done, timeout_s=60)  # never readable
+    lost.send_pyobj({"bucket_meta": {}, "is_last": True})
+    assert lost.recv() == b"" and lost.acks == 1
+    early = WatchedSocket(FakeSocket(ready_after=10**9), done, timeout_s=60)
+    early.send_pyobj({"bucket_meta": {}, "is_last": False})
+    with pytest.raises(ReceiverGoneError, match="bucket 1, which was not the last"):
+        early.recv()
 
 
 def test_ack_timeout_reads_the_env_and_rejects_bad_values(monkeypatch):

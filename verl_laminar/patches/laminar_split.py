@@ -7,7 +7,8 @@ gets 1 GPU, and a layout verl would refuse after the split passes unchecked. Pat
 (ledger: patches/README.md) wraps ``verl.utils.device.auto_set_device`` on every platform; for a config whose
 ``trainer.v1.trainer_mode`` is ``laminar`` (and only then) it applies ``config.split.apply_split`` first, so
 verl's own checks, Ray's sizes and the CPU defaults all see the split the run will have. The Laminar trainer's own
-``prepare_config`` then finds a standalone config and keeps it.
+``prepare_config`` then finds a standalone config and keeps it. The same hook starts verl's TaskRunner on the
+driver's node (``patches/task_runner.py``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def _apply() -> None:
     def auto_set_device(config) -> None:
         if is_laminar(config):
             from verl_laminar.config.split import apply_split
+            from verl_laminar.patches.task_runner import pin_task_runner
 
             apply_split(config)
+            pin_task_runner()  # main passes TaskRunnerV1 right after this call: started on the driver's node
         original(config)
 
     device.auto_set_device = auto_set_device

@@ -8,7 +8,10 @@ The receiver's error sits unread in the rpc's result.
 
 Fix. The sender's socket is wrapped so that each wait for an ack polls in short slices; between slices it checks
 the receiving rpc, and as soon as that has finished without acking (it failed, or its actor died) the rpc's own
-error is raised. A receiver that stays alive without acking is given up after ``LAMINAR_WEIGHT_SYNC_ACK_TIMEOUT_S``
+error is raised. One ending is not a failure: verl's receiver acks the last bucket from its clean-up, just before
+its rpc returns, so the rpc's success can be seen before that ack can be read (it was seen on a loaded host of
+emulated machines); a receiver that returned without error after the sender's last bucket applied every bucket, so
+the sender waits a moment for the ack and then takes the rpc's success as it. A receiver that stays alive without acking is given up after ``LAMINAR_WEIGHT_SYNC_ACK_TIMEOUT_S``
 (default 120 s). ``update_weights`` then raises ``WeightSyncError`` naming the replica, the weight version (verl's
 global step) and the receiver's first error. The sender is the same on GPUs, so the hang is too; the patch is
 applied with the CPU patches only until it has been run on a GPU host (the project changes no GPU run unchecked).
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 TARGET_MODULE = "verl.workers.rollout.vllm_rollout.vllm_rollout"
 TARGET = f"{TARGET_MODULE}.ServerAdapter.update_weights"
 POLL_MS = 200
+FINAL_ACK_GRACE_MS = 2000  # a receiver that returned after the last bucket: how long its ack may still take
 DEFAULT_ACK_TIMEOUT_S = 120.0
 
 # The receiving rpc of the update running in this task: set where verl starts it, read by the sender's socket.
@@ -57,18 +61,34 @@ def ack_timeout_s() -> float:
 
 
 class WatchedSocket:
-    """The sender's REQ socket, whose ``recv`` gives up when the receiver can no longer answer."""
+    """The sender's REQ socket, whose ``recv`` gives up when the receiver can no longer answer.
 
-    def __init__(self, sock: Any, check_receiver: Optional[Callable[[], None]], timeout_s: float,
+    ``check_receiver`` returns True once the receiving call ended without error, and raises its error once it
+    failed (``rpc_checker``)."""
+
+    def __init__(self, sock: Any, check_receiver: Optional[Callable[[], bool]], timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._sock, self._check, self._timeout_s, self._clock = sock, check_receiver, timeout_s, clock
         self.acks = 0
+        self._sent_last = False  # the message awaiting its ack is verl's last bucket (``is_last``)
+
+    def send_pyobj(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        self._sent_last = isinstance(obj, dict) and bool(obj.get("is_last"))
+        return self._sock.send_pyobj(obj, *args, **kwargs)
 
     def recv(self, *args: Any, **kwargs: Any) -> Any:
         start = self._clock()
         while not self._sock.poll(POLL_MS):
-            if self._check is not None:
-                self._check()  # raises the receiver's error once its call ended
+            if self._check is not None and self._check():  # raises the receiver's error once its call failed
+                if not self._sent_last:
+                    raise ReceiverGoneError(f"the receiving vLLM worker returned without acknowledging bucket "
+                                            f"{self.acks + 1}, which was not the last")
+                if self._sock.poll(FINAL_ACK_GRACE_MS):
+                    break
+                logger.info("the receiving vLLM worker returned after the last bucket before its ack could be read; "
+                            "its success is the ack")
+                self.acks += 1
+                return b""
             if self._clock() - start > self._timeout_s:
                 raise ReceiverGoneError(
                     f"no acknowledgement from the receiving vLLM worker for {self._timeout_s:.0f} s after "
@@ -81,16 +101,17 @@ class WatchedSocket:
         return getattr(self._sock, name)
 
 
-def rpc_checker(ref: Any) -> Callable[[], None]:
-    """A check that raises once the Ray call ``ref`` has finished: its error, or ``ReceiverGoneError``."""
+def rpc_checker(ref: Any) -> Callable[[], bool]:
+    """A check of the Ray call ``ref``: False while it runs, True once it ended without error, its error (or
+    ``ActorDiedError``) raised once it failed."""
     import ray
 
-    def check() -> None:
+    def check() -> bool:
         ready, _ = ray.wait([ref], timeout=0)
         if not ready:
-            return
-        ray.get(ref)  # raises the receiver's error (or ActorDiedError)
-        raise ReceiverGoneError("the receiving vLLM worker returned without acknowledging the bucket")
+            return False
+        ray.get(ref)
+        return True
 
     return check
 

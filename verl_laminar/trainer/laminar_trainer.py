@@ -138,8 +138,10 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         if kill is not None and kill not in {r.replica_id for r in replicas}:
             raise ValueError(f"laminar.fault_injection.kill_replica={kill}: no such replica; the ranks are "
                              f"{sorted(r.replica_id for r in replicas)}")
+        self._trainer_nodes: list[str] = []  # machines with a trainer rank: where a joining replica is lowered
         if procs.cpu_priority_on(self.laminar):
-            procs.apply_cpu_priority(list(self.actor_rollout_wg.workers), [r.server for r in replicas])
+            self._trainer_nodes = procs.apply_cpu_priority(list(self.actor_rollout_wg.workers),
+                                                           [r.server for r in replicas])["trainer_nodes"]
         gpb = settings.groups_per_batch(self.config, len(replicas))
         settings.check_warmup(self.config, len(replicas), gpb)
         repack = settings.repack_settings(self.laminar, lambda: replica_b(
@@ -176,7 +178,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self._replicas.append(replica)
         self._killer.track(replica)
         if procs.cpu_priority_on(self.laminar):
-            procs.apply_cpu_priority([], [replica.server])
+            procs.apply_cpu_priority([], [replica.server], self._trainer_nodes)
 
     def get_llm_client(self):
         from verl_laminar.rollout.client import LaminarLLMServerClient

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # start-up decisions belong in the run's record
@@ -96,20 +96,38 @@ def cpu_priority_on(laminar: Any, cpu_platform: Optional[Callable[[], bool]] = N
     return bool(cpu_platform())
 
 
-def apply_cpu_priority(trainer_workers: list, replica_servers: list) -> dict:
+def shares_a_trainer_machine(node: str, trainer_nodes: Iterable[str]) -> bool:
+    """Whether a rollout on ``node`` is lowered to nice 19: only beside a trainer rank. Elsewhere nothing of the
+    trainer's competes with it, and nice 19 would only starve it behind verl's helpers on its own machine (agent
+    loops, reward workers, stores run at nice 0): on 3 emulated machines a replica beside the agent loop took no
+    request to its end for the whole run while the other replica did all the work."""
+    return node in set(trainer_nodes)
+
+
+def apply_cpu_priority(trainer_workers: list, replica_servers: list, trainer_nodes: Iterable[str] = ()) -> dict:
     """Rollouts at nice 19, trainer ranks at nice 0 (when permitted): on a shared CPU host, generation then
-    fills the cycles training leaves idle instead of stretching the trainer's step (the critical path)."""
+    fills the cycles training leaves idle instead of stretching the trainer's step (the critical path). A rollout
+    is lowered only on a machine that holds a trainer rank (``shares_a_trainer_machine``); ``trainer_nodes``: those
+    machines when ``trainer_workers`` is empty (a replacement joining). Returns the counts and ``trainer_nodes``."""
     from verl_laminar.fleet.node_procs import locate, renice_procs
 
     # on each process's own node: its PID means nothing on the trainer's
-    out = {"rollout": [renice_procs([locate(s)], 19) for s in replica_servers], "trainer": []}
-    for w in trainer_workers:
+    trainers = [locate(w) for w in trainer_workers]
+    nodes = sorted(set(trainer_nodes) | {t.node for t in trainers})
+    out: dict = {"rollout": [], "trainer": [], "rollouts_left_alone": 0, "trainer_nodes": nodes}
+    for s in replica_servers:
+        ref = locate(s)
+        if shares_a_trainer_machine(ref.node, nodes):
+            out["rollout"].append(renice_procs([ref], 19))
+        else:
+            out["rollouts_left_alone"] += 1
+    for ref in trainers:
         try:
-            out["trainer"].append(renice_procs([locate(w)], 0))
+            out["trainer"].append(renice_procs([ref], 0))
         except PermissionError:
             logger.warning("laminar.cpu_priority: no permission to raise the trainer's priority; only the rollouts "
                            "were lowered (nice 19)")
             break
-    logger.info("laminar.cpu_priority: rollouts at nice 19 %s, trainer ranks at nice 0 %s", out["rollout"],
-                out["trainer"])
+    logger.info("laminar.cpu_priority: rollouts at nice 19 %s (%d on machines without a trainer rank left alone), "
+                "trainer ranks at nice 0 %s", out["rollout"], out["rollouts_left_alone"], out["trainer"])
     return out
