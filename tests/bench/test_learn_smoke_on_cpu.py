@@ -20,8 +20,8 @@ import pytest
 from laminar_testing import REPO
 from verl_laminar.bench.learn import summary
 
-# slow until it rides the sync launch CI already makes (docs/learn.md): 7-8 min of start-ups on 2 cores
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+# in CI: two launches of its own, 7-8 min on 2 cores (docs/testing.md says why it does not ride the sync launch)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 
 def _task_args(tiny_model_dir) -> list[str]:

@@ -258,7 +258,8 @@ class EmulatedCluster:
         cgroup = host.make_cgroup(self.cpu_control, self.id, f"{spec.name}-{index}", spec.cpu_limit, spec.cpu_weight)
         init = [sys.executable, "-m", "verl_laminar.fleet.emulated_init", "--hostname", spec.name,
                 "--tmp", str(folder / "tmp"), "--shm-mb", str(spec.shm_mb),
-                *[a for k in _kept_under_tmp() for a in ("--keep", k)], "--", *self._ray_cmd(spec, ip, head)]
+                *[a for k in _kept_under_tmp(self.spec.shared_compile_cache) for a in ("--keep", k)], "--",
+                *self._ray_cmd(spec, ip, head)]
         # --kill-child: if unshare itself is killed, the node's PID 1 (and so the node) goes with it
         cmd = ["ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--kill-child",
                "--", *init]
@@ -348,13 +349,20 @@ def _under_tmp(path: str) -> bool:
     return path == "/tmp" or path.startswith("/tmp/")
 
 
-def _kept_under_tmp() -> list[str]:
+def _kept_under_tmp(compile_cache: bool = False) -> list[str]:
     """The host folders under /tmp that every node must still see: the interpreter's prefix, the project and the
-    current folder (a checkout under /tmp), each as its top folder under /tmp."""
+    current folder (a checkout under /tmp), each as its top folder under /tmp; with ``compile_cache`` also torch's
+    compile cache (made here when missing, so that the nodes share one)."""
     import verl_laminar
 
     paths = [sys.prefix, str(Path(verl_laminar.__file__).resolve().parents[1]), os.getcwd(),
              *(p for p in sys.path if p)]
+    if compile_cache:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if _under_tmp(os.path.realpath(default_cache_dir())):
+            os.makedirs(default_cache_dir(), exist_ok=True)
+            paths.append(default_cache_dir())
     tops = set()
     for p in paths:
         p = os.path.realpath(p)

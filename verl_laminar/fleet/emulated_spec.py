@@ -58,6 +58,11 @@ class ClusterSpec:
     start_timeout_s: float = 120.0
     stop_grace_s: float = 5.0
     keep_logs: bool = False  # keep the nodes' folders (Ray's logs under <node>/tmp/ray) after stop
+    # every node sees the host's torch compile cache (/tmp/torchinductor_<user>), as machines of one image with a
+    # shared cache would: vLLM compiles its log-prob sampler kernel at the first sample, and with a cold cache per
+    # node each replica did so for minutes on the shared cores (its first batch looked stuck); False: each node
+    # compiles in its own /tmp
+    shared_compile_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.rate_mbit is not None and self.rate_mbit <= 0:
