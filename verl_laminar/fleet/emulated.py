@@ -357,12 +357,12 @@ def _kept_under_tmp(compile_cache: bool = False) -> list[str]:
 
     paths = [sys.prefix, str(Path(verl_laminar.__file__).resolve().parents[1]), os.getcwd(),
              *(p for p in sys.path if p)]
-    if compile_cache:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    if compile_cache:  # torch's (TORCHINDUCTOR_CACHE_DIR when set); a folder outside /tmp every node sees already
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        if _under_tmp(os.path.realpath(default_cache_dir())):
-            os.makedirs(default_cache_dir(), exist_ok=True)
-            paths.append(default_cache_dir())
+        if _under_tmp(os.path.realpath(cache_dir())):
+            os.makedirs(cache_dir(), exist_ok=True)
+            paths.append(cache_dir())
     tops = set()
     for p in paths:
         p = os.path.realpath(p)
