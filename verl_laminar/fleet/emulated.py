@@ -350,13 +350,16 @@ def _under_tmp(path: str) -> bool:
 
 
 def _kept_under_tmp(compile_cache: bool = False) -> list[str]:
-    """The host folders under /tmp that every node must still see: the interpreter's prefix, the project and the
-    current folder (a checkout under /tmp), each as its top folder under /tmp; with ``compile_cache`` also torch's
-    compile cache (made here when missing, so that the nodes share one)."""
+    """The host folders under /tmp that every node must still see: the interpreter's prefix, the project, its
+    fixtures (``LAMINAR_FIXTURE_DIR``) and the current folder (a checkout under /tmp), each as its top folder under
+    /tmp; with ``compile_cache`` also torch's compile cache (made here when missing, so that the nodes share one)."""
     import verl_laminar
+    from verl_laminar.fixtures import DEFAULT_FIXTURE_DIR
 
     paths = [sys.prefix, str(Path(verl_laminar.__file__).resolve().parents[1]), os.getcwd(),
              *(p for p in sys.path if p)]
+    if DEFAULT_FIXTURE_DIR.is_dir():
+        paths.append(str(DEFAULT_FIXTURE_DIR))
     if compile_cache:  # torch's (TORCHINDUCTOR_CACHE_DIR when set); a folder outside /tmp every node sees already
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
