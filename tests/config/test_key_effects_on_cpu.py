@@ -45,6 +45,12 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
         # what the renice does: every thread of every process of a replica's tree
         "tests/foundation/test_priority_on_cpu.py::test_every_thread_of_every_process_in_the_tree_is_reniced",
     ),
+    "laminar.helpers": (
+        # task_runner: verl's storage units and reward workers on the TaskRunner's node, soft; spread: verl's own
+        "tests/config/test_task_runner_pin_on_cpu.py::test_the_task_runner_starts_on_the_drivers_node_and_places_verls_helpers_there",
+        # on 3 emulated machines: every helper Ray placed is on the TaskRunner's node
+        "tests/fleet/test_laminar_on_emulated_cluster_on_cpu.py::test_laminar_trains_across_three_machines_with_deltas_down_the_chain",
+    ),
     "laminar.refresh.wait_factor": (
         # the relay wait deadline is the factor times the modelled broadcast time (doubling it doubles the deadline)
         "tests/policy/test_timeouts_on_cpu.py::test_wait_deadline_is_the_factor_times_the_model_above_the_floor",

@@ -80,15 +80,17 @@ def _our_classes():
 def test_every_private_verl_method_our_classes_override_is_in_the_ledger():
     """Our classes (module level or built by a factory) that subclass a verl class: each private method they define
     that a verl base defines too needs a ledger row."""
+    from verl_laminar.fleet.helpers import reward_manager_class
     from verl_laminar.rollout.streaming_server import replica_class_for, streaming_server_class
 
-    classes = [streaming_server_class(), replica_class_for()]
+    classes = [streaming_server_class(), replica_class_for(), reward_manager_class()]
     for module, node in _our_classes():
         obj = getattr(importlib.import_module(module), node.name, None)
         if inspect.isclass(obj):
             classes.append(obj)
     ledgered = {(o.name, o.ours.rsplit(":", 1)[-1]) for o in METHODS}
-    factory = {"LaminarVLLMHttpServer": "streaming_server_class()", "LaminarVLLMReplica": "replica_class_for()"}
+    factory = {"LaminarVLLMHttpServer": "streaming_server_class()", "LaminarVLLMReplica": "replica_class_for()",
+               "LaminarRewardLoopManager": "reward_manager_class()"}
     missing, checked = [], 0
     for cls in classes:
         bases = [b for b in cls.__mro__[1:] if b.__module__.startswith("verl.")]

@@ -322,6 +322,10 @@ class LaminarConfig(Section):
     run_until: RunUntilConfig = field(default_factory=RunUntilConfig)
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
     cpu_priority: bool = True
+    # where verl's helper actors (TransferQueue storage units, agent-loop and reward workers) start: "task_runner"
+    # on the node of verl's TaskRunner (the trainer's loop, router and pool; the driver's node when it has room), so
+    # that a rollout machine's loss takes none of them; "spread": verl's round-robin over every node
+    helpers: Literal["task_runner", "spread"] = "task_runner"
 
     def __post_init__(self) -> None:
         self._require(

@@ -58,6 +58,12 @@ LEDGER: tuple[Override, ...] = (
     Override("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer", "_sync_metadata_from_transfer_queue",
              "verl_laminar.buffer.replay:LaminarReplayBuffer", "every wait for samples polls the rollout side's health (a stopped router raises its cause)", ("self",)),
     # the agent loop and its client
+    Override("verl.experimental.agent_loop.agent_loop:AgentLoopManager", "_init_agent_loop_workers",
+             "verl_laminar.rollout.agent_loop:LaminarAgentLoopManager",
+             "the workers on the TaskRunner's node, off rollout machines (laminar.helpers)", ("self",)),
+    Override("verl.experimental.reward_loop.reward_loop:RewardLoopManager", "_init_reward_loop_workers",
+             "verl_laminar.fleet.helpers:reward_manager_class()",
+             "the workers on the TaskRunner's node, off rollout machines (laminar.helpers)", ("self",)),
     Override("verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ", "_run_prompt", AGENT_LOOP,
              "a group pinned to one replica and version; adoption from the pool after a restart",
              ("self", "prompt", "sampling_params", "trajectory", "trace")),

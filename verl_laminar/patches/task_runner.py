@@ -20,11 +20,31 @@ logger = logging.getLogger(__name__)
 MAIN_MODULE = "verl.trainer.main_ppo"
 
 
+def laminar_runner(actor_cls: Any) -> Any:
+    """verl's TaskRunner actor class with its ``run`` inside ``fleet.helpers.helpers_placed``: the helpers verl
+    builds there (TransferQueue storage units, reward and agent-loop workers) start on this TaskRunner's node."""
+    import ray
+
+    class LaminarTaskRunner(actor_cls.__ray_actor_class__):
+        def __init__(self) -> None:  # Ray builds an actor from a subclass only when it defines __init__ itself
+            super().__init__()
+
+        def run(self, config: Any) -> Any:
+            from verl_laminar.fleet.helpers import helpers_placed
+
+            with helpers_placed(config):
+                return super().run(config)
+
+    return ray.remote(LaminarTaskRunner)
+
+
 class OnDriverNode:
-    """An actor class whose ``remote()`` / ``options()`` add a soft affinity to the calling process's node."""
+    """An actor class whose ``remote()`` / ``options()`` add a soft affinity to the calling process's node and
+    start ``laminar_runner``'s subclass (attributes other than those two are the wrapped class's)."""
 
     def __init__(self, actor_cls: Any) -> None:
         self._cls = actor_cls
+        self._runner: Any = None
 
     def _placed(self, **options: Any) -> Any:
         import ray
@@ -34,7 +54,9 @@ class OnDriverNode:
             node = ray.get_runtime_context().get_node_id()
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
             logger.info("laminar: verl's TaskRunner starts on the driver's node %s when it has room", node)
-        return self._cls.options(**options)
+        if self._runner is None:
+            self._runner = laminar_runner(self._cls)
+        return self._runner.options(**options)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._placed().remote(*args, **kwargs)

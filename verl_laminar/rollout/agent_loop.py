@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from typing import Any, Optional
+from uuid import uuid4
 
 import ray
 from omegaconf import OmegaConf
@@ -126,3 +127,15 @@ class LaminarAgentLoopManager(AgentLoopManagerTQ):
         super().__init__(*args, **kwargs)
         # AgentLoopManagerTQ.__init__ sets its own worker class; ours must win before the workers start
         self.agent_loop_workers_class = ray.remote(LaminarAgentLoopWorker)
+
+    async def _init_agent_loop_workers(self) -> None:
+        from verl_laminar.fleet import helpers
+
+        if not helpers.on_task_runner(self.config):  # laminar.helpers=spread: verl's round-robin over every node
+            return await super()._init_agent_loop_workers()
+        strategy = helpers.here()  # built in the TaskRunner: its node, off the rollout machines
+        self.agent_loop_workers = [
+            self.agent_loop_workers_class.options(name=f"agent_loop_worker_{rank}_{uuid4().hex[:8]}",
+                                                  scheduling_strategy=strategy)
+            .remote(self.config, self.llm_client, self.teacher_client, self.reward_loop_worker_handles)
+            for rank in range(int(self.rollout_config.agent.num_workers))]

@@ -288,6 +288,9 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     self.global_steps, len(records))
 
     def on_train_begin(self) -> None:
+        from verl_laminar.fleet.helpers import check_placement
+
+        check_placement(self.config, self.agent_loop_manager, self.reward_loop_manager)
         self._add_async_warmup_batches(OmegaConf.select(self.config, settings.WARMUP_KEY))
 
     def on_step_end(self) -> None:
