@@ -131,8 +131,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "killed trainer (tokens generated while it is down are measured)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--results", default=None, metavar="DIR", help="write DIR/<results-name>_<date>.json")
-    ap.add_argument("--results-name", default="chaos_product")
+    ap.add_argument("--results-name", default=None, help="default chaos_product, or chaos_nodes<N>_seed<S> with "
+                    "--nodes")
+    from verl_laminar.chaos.nodes import add_args
+
+    add_args(ap)
     args = ap.parse_args(argv)
+    if args.results_name is None:
+        args.results_name = f"chaos_nodes{args.nodes}_seed{args.seed}" if args.nodes else "chaos_product"
+    if args.nodes and args.fleet:
+        ap.error("--nodes runs the product's default ownership; --fleet is for the one-machine run")
     try:
         parse_counts(args.faults)
         plan_faults(parse_counts(args.faults), args.seed, args.gap_steps)
@@ -155,7 +163,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             logger.error("%s", e)
             return 2
     args.out = args.out or tempfile.mkdtemp(prefix="laminar-chaos-")
-    report = {**prov, **run(args)}
+    if args.nodes:
+        from verl_laminar.chaos import nodes
+
+        report = {**prov, **nodes.run(args)}
+    else:
+        report = {**prov, **run(args)}
     text = json.dumps(report, indent=1)
     if path is not None:
         path.write_text(text + "\n")
@@ -163,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         sys.stdout.write(text + "\n")
     ok = report["duplicated"] == 0 and report["mixed_version_steps"] == 0 and report["completed"]
+    if args.nodes:  # and each lost machine's replicas replaced on the machine that joined
+        ok = ok and report["lost"] == 0 and report["replacement_nodes_joined"] == report["machine_kills"] >= 1
     return 0 if ok else 1
 
 

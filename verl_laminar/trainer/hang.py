@@ -148,6 +148,9 @@ class ReplicaKiller:
 
         self._by_id[replica.replica_id] = replica
         self._roots[replica.replica_id] = procs.replica_roots(replica)
+        # where it runs, by the node's address: what a machine's loss takes is read from these lines
+        logger.info("laminar: replica %d runs on node %s", replica.replica_id,
+                    ", ".join(procs.node_addresses(sorted({r.node for r in self._roots[replica.replica_id]}))))
 
     def kill(self, rid: int, why: str) -> None:
         import ray

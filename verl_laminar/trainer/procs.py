@@ -19,6 +19,14 @@ def node_of(actor: Any) -> str:
     return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
 
 
+def node_addresses(node_ids: Iterable[str]) -> list[str]:
+    """``<address> (<node id's first 12>)`` of each Ray node id (``?`` for an address Ray no longer lists)."""
+    import ray
+
+    known = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    return [f"{known.get(n, '?')} ({n[:12]})" for n in node_ids]
+
+
 def replica_roots(replica: Any) -> list:
     """The root processes of a replica (its server and workers), each where it runs (``fleet.node_procs.ProcRef``);
     the agents on their nodes are started now, so that a later kill is one call. Their children (vLLM's engine core,

@@ -1,0 +1,205 @@
+"""Chaos on an emulated cluster (``fleet.emulated``): the paper's machine-kill experiment and a partition, on
+``+laminar=enabled`` across machines.
+
+    python -m verl_laminar.chaos --nodes 3 --seed S --json [--results docs/results]
+
+Dataflow (one loop, the harness's; the product runs untouched in the head):
+    EmulatedCluster: head (driver, verl's TaskRunner with the trainer's loop, router, pool and verl's helpers, the
+        trainer rank: 1 logical GPU) and 2 rollout machines of 2 logical GPUs each, each capped to ``--node-cpus``
+        cores (a cgroup quota: a killed machine frees no CPU for its survivors)
+    -> the CPU recipe in the head (4 replicas over the 2 rollout machines, 2 each: the paper's 32B case, TP=4 on 8
+       GPUs), the product's process faults from ``laminar.fault_injection.schedule`` (``--faults``)
+    -> watch the run's step file; at ``kill_step`` kill a rollout machine (its PID namespace's init: the raylet and
+       every worker at once) and add a fresh machine of the same size; at ``partition_step`` cut the other rollout
+       machine's link for ``--partition-s`` seconds, then restore it (no machine is added for it)
+    -> report (``chaos.node_report``): detection, the replacement's first token and generation recovery per machine
+       kill, the partition's effect, beside the product chaos report's lost / duplicated / mixed counts.
+
+Every figure is measured on this host's shared cores, under the per-node quota named in the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger("verl_laminar.chaos.nodes")
+
+OUT = "/tmp/laminar_run"  # in the head's own /tmp (a folder on disk of the emulation)
+STAMP = "%Y-%m-%d %H:%M:%S"
+# a driver in the head: holds the named nodes' GPUs in placement groups until another placement group with a GPU
+# is placed (verl's trainer's, the first a run makes), then frees them; argv: nodes, GPUs per node
+HOLD = """
+import sys, time, ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+ray.init(log_to_driver=False)
+gpus = float(sys.argv[2])
+pgs = [placement_group([{"GPU": gpus, "laminar_node_" + n: 0.001}], strategy="STRICT_PACK", name="laminar_hold_" + n)
+       for n in sys.argv[1].split(",")]
+ray.get([pg.ready() for pg in pgs])
+print("held", flush=True)
+deadline = time.time() + 900
+while time.time() < deadline:
+    if any(not (v.get("name") or "").startswith("laminar_hold_") and v.get("state") == "CREATED"
+           and any(b.get("GPU", 0) > 0 for b in v.get("bundles", {}).values())
+           for v in placement_group_table().values()):
+        break
+    time.sleep(0.2)
+for pg in pgs:
+    remove_placement_group(pg)
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    kill_step: int
+    partition_step: Optional[int]
+    partition_s: float
+    steps: int
+
+
+def plan_for(seed: int, steps: int, partition: bool) -> Plan:
+    """The seed moves the machine kill by a step (after the warm-up: the fleet's rate before it is measured over
+    at least 3 steps); the partition comes after the replacement had time to serve."""
+    kill = 5 + seed % 2
+    part = kill + max(4, (steps - kill) // 2) if partition else None
+    if part is not None and part >= steps:
+        raise ValueError(f"--steps {steps}: too few for a machine kill at step {kill} and a partition after it")
+    return Plan(kill, part, 15.0, steps)
+
+
+class HarnessLog:
+    """The harness's events, in the stamped format of the product's log lines (``chaos.report.stamped``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[str] = []
+
+    def event(self, msg: str) -> float:
+        t = time.time()
+        line = f"INFO:{time.strftime(STAMP, time.localtime(t))},{int(t * 1000) % 1000:03d}:laminar.chaos: {msg}"
+        self.lines.append(line)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+        logger.info("%s", msg)
+        return t
+
+
+def last_step(step_file: Path) -> int:
+    from verl_laminar.stepfile import read_step_file
+
+    if not step_file.exists():
+        return 0
+    try:
+        return max((s.step for s in read_step_file(step_file)), default=0)
+    except ValueError:  # a line being written
+        return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    from verl_laminar.chaos import node_report
+    from verl_laminar.chaos.product import RECIPE, REPO
+    from verl_laminar.fixtures import model_dir
+    from verl_laminar.fleet.emulated import EmulatedCluster
+    from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
+
+    if args.nodes != 3:
+        raise ValueError(f"--nodes {args.nodes}: the experiment is defined for 3 (a head and 2 rollout machines)")
+    plan = plan_for(args.seed, args.steps, partition=not args.no_partition)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(args.model or model_dir(name=args.fixture))
+
+    def rollout(name: str) -> NodeSpec:
+        return NodeSpec(name, num_cpus=4, num_gpus=2, cpu_limit=args.node_cpus, shm_mb=1536, object_store_mb=256)
+
+    nodes = [NodeSpec("head", num_cpus=8, num_gpus=1, shm_mb=1536, object_store_mb=256), rollout("w1"),
+             rollout("w2")]
+    hlog = HarnessLog(out / "harness.log")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "STEPS": str(plan.steps), "REPLICAS": "4",
+           "ROLLOUT_NODES": "2", "BATCH": "8", "GROUP": "4", "RESP": str(args.resp), "MICRO": "4", "OUT": OUT,
+           "MODEL": model, "PYTHONUNBUFFERED": "1"}
+    cmd = ["bash", str(RECIPE), "trainer.logger=[console]", *args.set]
+    from verl_laminar.chaos.product import parse_counts, plan_faults
+
+    faults = plan_faults(parse_counts(args.node_faults), args.seed, args.node_fault_gap, first_step=args.node_fault_step)
+    schedule = ";".join(f.label() for f in faults)
+    if schedule:
+        cmd.append(f"laminar.fault_injection.schedule='{schedule}'")
+    peak: dict[str, int] = {}
+    with EmulatedCluster(ClusterSpec(base_dir=str(out / "emu"), keep_logs=args.keep_logs), nodes) as c:
+        addresses = {name: n.ip for name, n in c.nodes.items()}
+        # Ray, not Laminar, picks the machine of verl's trainer placement group (with every GPU free it picked a
+        # capped rollout machine): the rollout machines' GPUs are held until the trainer's group is placed
+        holder = c.head_popen([sys.executable, "-c", HOLD, "w1,w2", "2"], stdout=subprocess.PIPE, text=True)
+        if (holder.stdout.readline() if holder.stdout else "").strip() != "held":
+            raise RuntimeError(f"the GPU holder did not start (exit {holder.wait()})")
+        hlog.event(f"cluster up: {addresses}; rollout machines capped at {args.node_cpus} cores each "
+                   f"(cgroup {c.cpu_control.kind}); their GPUs held until the trainer's rank is placed")
+        step_file = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints" / "laminar_metrics.jsonl"
+        t0 = time.time()
+        with (out / "launch0.log").open("w") as log:
+            proc = c.head_popen(cmd, env=env, stdout=log, stderr=log, cwd=str(REPO))
+            killed = parted = False
+            victim, other = "w2", "w1"
+            while proc.poll() is None:
+                if holder.returncode is None and holder.poll() is not None:
+                    hlog.event(f"the trainer's placement group is placed; rollout GPUs released (holder exit "
+                               f"{holder.returncode})")
+                if time.time() - t0 > args.timeout_s:
+                    hlog.event(f"timeout after {args.timeout_s:.0f} s: ending the run")
+                    proc.kill()
+                    break
+                for name, rss in c.rss_bytes().items():
+                    peak[name] = max(peak.get(name, 0), rss)
+                step = last_step(step_file)
+                if not killed and step >= plan.kill_step:
+                    pids = c.kill_node(victim)
+                    hlog.event(f"killed node {victim} ({addresses[victim]}): machine loss, {len(pids)} processes "
+                               f"ended, after step {step}")
+                    killed = True
+                    c.add_node(rollout("w3"))
+                    addresses["w3"] = c.nodes["w3"].ip
+                    hlog.event(f"node w3 ({addresses['w3']}) joined: a new machine for {victim}'s replicas")
+                if killed and not parted and plan.partition_step is not None and step >= plan.partition_step:
+                    c.partition(other)
+                    hlog.event(f"partitioned node {other} ({addresses[other]}): link down after step {step}")
+                    time.sleep(plan.partition_s)
+                    c.heal(other)
+                    hlog.event(f"healed node {other} ({addresses[other]}): link up after {plan.partition_s:.0f} s")
+                    parted = True
+                time.sleep(1.0)
+            rc = proc.wait()
+        if holder.poll() is None:  # the run ended before placing its trainer
+            holder.kill()
+        t1 = time.time()
+        local = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints"
+        report = node_report.build(out / "launch0.log", out / "harness.log", local, addresses, t0, t1, plan.steps)
+    report.update({"exit_code": rc, "nodes": args.nodes, "seed": args.seed,
+                   "plan": {"kill_step": plan.kill_step, "partition_step": plan.partition_step,
+                            "partition_s": plan.partition_s, "steps": plan.steps, "process_faults": schedule},
+                   "node_cpu_limit_cores": args.node_cpus, "cpu_control": "cgroup quota per rollout machine",
+                   "peak_rss_bytes": peak, "peak_rss_total_bytes": sum(peak.values())})
+    argv = [str(RECIPE.relative_to(REPO)) if a == str(RECIPE) else a for a in cmd]
+    report["command"] = {"argv": argv, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PYTHONPATH")}}
+    return report
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("--nodes: on an emulated cluster")
+    g.add_argument("--nodes", type=int, default=None, help="run on an emulated cluster of this many machines (3)")
+    g.add_argument("--steps", type=int, default=16, help="training steps of the --nodes run")
+    g.add_argument("--resp", type=int, default=64, help="response length of the --nodes run")
+    g.add_argument("--node-cpus", type=float, default=0.5, help="cores each rollout machine may use (cgroup quota)")
+    g.add_argument("--no-partition", action="store_true", help="the machine kill only")
+    g.add_argument("--node-faults", default="", help="the product's process faults as KIND=N,... (none by default)")
+    g.add_argument("--node-fault-step", type=int, default=2, help="the step of the first process fault")
+    g.add_argument("--node-fault-gap", type=int, default=2, help="steps between two process faults")
+    g.add_argument("--keep-logs", action="store_true", help="keep the nodes' folders (their Ray logs)")
