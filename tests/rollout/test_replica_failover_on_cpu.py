@@ -349,3 +349,29 @@ def test_a_parked_group_whose_requests_all_gave_up_leaves_nothing_for_the_replac
         await router.close()
 
     asyncio.run(main())
+
+
+class GoneRelay(HoldingRelay):
+    """The relay of a machine that was lost: every call fails as Ray's would."""
+
+    def hold(self, version):
+        raise RuntimeError("ActorDiedError: the relay's machine is gone")
+
+
+def test_holds_ask_only_the_relays_of_live_replicas_after_a_machine_loss():
+    """chaos --nodes found it: after a machine kill every hold failed on the lost machine's relay, so no lagging
+    version was held for the survivors ("relays do not hold version N ... ActorDiedError")."""
+    async def main():
+        live, gone = HoldingRelay(readable=(0, 1)), GoneRelay()
+        router, servers, client, loads = await _setup(3, gpb=1)
+        router._book.relays = {0: ActorShell(live), 1: ActorShell(live), 2: ActorShell(gone)}
+        router._failover.fail(2, "its machine was lost")
+        pin = await router.assign_group("ga", 1)
+        assert pin.replica_id != 2
+        await router.on_publish(1)
+        await _await_until(router, lambda: 0 in router._failover.holds.held, )  # held on the live relay, not refused
+        assert set(live.held) == {0}, live.held
+        assert router._failover.holds.held == {0} and router._failover.holds.refused == set()
+        await router.close()
+
+    asyncio.run(main())

@@ -5,10 +5,9 @@
 
 Dataflow (one loop, the harness's; the product runs untouched in the head):
     EmulatedCluster: head (driver, verl's TaskRunner with the trainer's loop, router, pool and verl's helpers, the
-        trainer rank: 1 logical GPU) and 2 rollout machines of 2 logical GPUs each, each capped to ``--node-cpus``
+        trainer rank: 1 logical GPU) and 2 rollout machines of 1 and 2 logical GPUs, each capped to ``--node-cpus``
         cores (a cgroup quota: a killed machine frees no CPU for its survivors)
-    -> the CPU recipe in the head (4 replicas over the 2 rollout machines, 2 each: the paper's 32B case, TP=4 on 8
-       GPUs), the product's process faults from ``laminar.fault_injection.schedule`` (``--faults``)
+    -> the CPU recipe in the head (3 replicas: one on w1, two on w2, the paper's 32B case, TP=4 on 8 GPUs), the product's process faults from ``laminar.fault_injection.schedule`` (``--faults``)
     -> watch the run's step file; at ``kill_step`` kill a rollout machine (its PID namespace's init: the raylet and
        every worker at once) and add a fresh machine of the same size; at ``partition_step`` cut the other rollout
        machine's link for ``--partition-s`` seconds, then restore it (no machine is added for it)
@@ -35,14 +34,14 @@ logger = logging.getLogger("verl_laminar.chaos.nodes")
 OUT = "/tmp/laminar_run"  # in the head's own /tmp (a folder on disk of the emulation)
 STAMP = "%Y-%m-%d %H:%M:%S"
 # a driver in the head: holds the named nodes' GPUs in placement groups until another placement group with a GPU
-# is placed (verl's trainer's, the first a run makes), then frees them; argv: nodes, GPUs per node
+# is placed (verl's trainer's, the first a run makes), then frees them; argv: NODE:GPUS,...
 HOLD = """
 import sys, time, ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 ray.init(log_to_driver=False)
-gpus = float(sys.argv[2])
-pgs = [placement_group([{"GPU": gpus, "laminar_node_" + n: 0.001}], strategy="STRICT_PACK", name="laminar_hold_" + n)
-       for n in sys.argv[1].split(",")]
+held = [part.split(":") for part in sys.argv[1].split(",")]
+pgs = [placement_group([{"GPU": float(g), "laminar_node_" + n: 0.001}], strategy="STRICT_PACK",
+                       name="laminar_hold_" + n) for n, g in held]
 ray.get([pg.ready() for pg in pgs])
 print("held", flush=True)
 deadline = time.time() + 900
@@ -117,14 +116,17 @@ def run(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model = str(args.model or model_dir(name=args.fixture))
 
-    def rollout(name: str) -> NodeSpec:
-        return NodeSpec(name, num_cpus=4, num_gpus=2, cpu_limit=args.node_cpus, shm_mb=1536, object_store_mb=256)
+    def rollout(name: str, gpus: int) -> NodeSpec:
+        return NodeSpec(name, num_cpus=2 * gpus, num_gpus=gpus, cpu_limit=args.node_cpus, shm_mb=1536,
+                        object_store_mb=256)
 
-    nodes = [NodeSpec("head", num_cpus=8, num_gpus=1, shm_mb=1536, object_store_mb=256), rollout("w1"),
-             rollout("w2")]
+    # 3 replicas (4 do not fit in 24 GiB beside the trainer: Ray's memory monitor killed replicas at 21.5 GB):
+    # one on w1, two on w2, the machine that is killed
+    nodes = [NodeSpec("head", num_cpus=8, num_gpus=1, shm_mb=1536, object_store_mb=256), rollout("w1", 1),
+             rollout("w2", 2)]
     hlog = HarnessLog(out / "harness.log")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "STEPS": str(plan.steps), "REPLICAS": "4",
-           "ROLLOUT_NODES": "2", "BATCH": "8", "GROUP": "4", "RESP": str(args.resp), "MICRO": "4", "OUT": OUT,
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "STEPS": str(plan.steps), "REPLICAS": "3",
+           "ROLLOUT_NODES": "3", "BATCH": "8", "GROUP": "4", "RESP": str(args.resp), "MICRO": "4", "OUT": OUT,
            "MODEL": model, "PYTHONUNBUFFERED": "1"}
     cmd = ["bash", str(RECIPE), "trainer.logger=[console]", *args.set]
     from verl_laminar.chaos.product import parse_counts, plan_faults
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
         addresses = {name: n.ip for name, n in c.nodes.items()}
         # Ray, not Laminar, picks the machine of verl's trainer placement group (with every GPU free it picked a
         # capped rollout machine): the rollout machines' GPUs are held until the trainer's group is placed
-        holder = c.head_popen([sys.executable, "-c", HOLD, "w1,w2", "2"], stdout=subprocess.PIPE, text=True)
+        holder = c.head_popen([sys.executable, "-c", HOLD, "w1:1,w2:2"], stdout=subprocess.PIPE, text=True)
         if (holder.stdout.readline() if holder.stdout else "").strip() != "held":
             raise RuntimeError(f"the GPU holder did not start (exit {holder.wait()})")
         hlog.event(f"cluster up: {addresses}; rollout machines capped at {args.node_cpus} cores each "
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
                     hlog.event(f"killed node {victim} ({addresses[victim]}): machine loss, {len(pids)} processes "
                                f"ended, after step {step}")
                     killed = True
-                    c.add_node(rollout("w3"))
+                    c.add_node(rollout("w3", 2))
                     addresses["w3"] = c.nodes["w3"].ip
                     hlog.event(f"node w3 ({addresses['w3']}) joined: a new machine for {victim}'s replicas")
                 if killed and not parted and plan.partition_step is not None and step >= plan.partition_step:

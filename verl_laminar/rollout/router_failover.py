@@ -76,7 +76,9 @@ class ReplicaFailover:
         self.parked: dict[int, set[str]] = {}  # version -> a dead replica's groups waiting for a replacement on it
         self.park_futs: dict[str, asyncio.Future] = {}  # parked group -> set when adopted or lost
         self._loading_parked: dict[int, int] = {}  # replacement -> the parked version it loads
-        self.holds = RelayHolds(lambda: replicas.relays.values())  # versions kept beyond keep_versions
+        # versions kept beyond keep_versions, on the relays of live replicas: a lost machine's relay is gone, and
+        # asking it failed every hold after a machine kill (emulated cluster, chaos --nodes)
+        self.holds = RelayHolds(self._live_relays)
         self.replacements_left = int(replacements)  # deaths a replacement is still to come for (laminar.replace)
         self._awaiting: set[int] = set()  # dead replicas whose replacement is on its way
         self._fenced: set[int] = set()  # replicas failed for garbage output (what they streamed is not trusted)
@@ -146,6 +148,10 @@ class ReplicaFailover:
                   if r.alive and r.refreshing_to is None and r.replica_id != replica_id}
         open_ = set(state.replica(replica_id).open_groups) - self._groups.complete()
         return sorted(g for g in open_ if state.pins[g].version in served)
+
+    def _live_relays(self) -> list:
+        alive = {r.replica_id for r in self._host.state().replicas if r.alive}
+        return [relay for rid, relay in self._replicas.relays.items() if rid in alive]
 
     def dead_replicas(self) -> list[int]:
         return sorted(r.replica_id for r in self._host.state().replicas if not r.alive)
