@@ -56,11 +56,11 @@ def test_training_rate_needs_two_steps():
 
 
 def test_the_plan_puts_the_partition_after_the_kill_and_refuses_too_few_steps():
-    p = plan_for(0, 16, partition=True)
-    assert p.kill_step == 5 and p.partition_step is not None and p.kill_step < p.partition_step < 16
-    assert plan_for(1, 16, partition=False).partition_step is None
+    p = plan_for(0, 40, partition=True)
+    assert p.kill_step == 5 and p.partition_step is not None and p.kill_step < p.partition_step < 40
+    assert plan_for(1, 40, partition=False).partition_step is None
     with pytest.raises(ValueError, match="--steps"):
-        plan_for(0, 8, partition=True)
+        plan_for(0, 12, partition=True)
 
 
 def test_the_harness_log_reads_back_as_stamped_events(tmp_path):

@@ -33,6 +33,7 @@ logger = logging.getLogger("verl_laminar.chaos.nodes")
 
 OUT = "/tmp/laminar_run"  # in the head's own /tmp (a folder on disk of the emulation)
 STAMP = "%Y-%m-%d %H:%M:%S"
+REPLACED_LINE = " replaces replica "  # the trainer's log line of a replacement that joined
 # a driver in the head: holds the named nodes' GPUs in placement groups until another placement group with a GPU
 # is placed (verl's trainer's, the first a run makes), then frees them; argv: NODE:GPUS,...
 HOLD = """
@@ -66,10 +67,10 @@ class Plan:
 
 def plan_for(seed: int, steps: int, partition: bool) -> Plan:
     """The seed moves the machine kill by a step (after the warm-up: the fleet's rate before it is measured over
-    at least 3 steps); the partition comes after the replacement had time to serve."""
+    at least 3 steps); the partition comes after a replacement joined."""
     kill = 5 + seed % 2
-    part = kill + max(4, (steps - kill) // 2) if partition else None
-    if part is not None and part >= steps:
+    part = kill + 4 if partition else None  # at the earliest; and only once a replacement joined (``run``)
+    if part is not None and part + 8 > steps:
         raise ValueError(f"--steps {steps}: too few for a machine kill at step {kill} and a partition after it")
     return Plan(kill, part, 15.0, steps)
 
@@ -89,6 +90,12 @@ class HarnessLog:
             f.write(line + "\n")
         logger.info("%s", msg)
         return t
+
+
+def host_used_bytes() -> int:
+    """MemTotal - MemAvailable: what the whole host uses (the nodes' RSS sums count shared pages once per node)."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) * 1024
 
 
 def last_step(step_file: Path) -> int:
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
                     hlog.event(f"timeout after {args.timeout_s:.0f} s: ending the run")
                     proc.kill()
                     break
-                for name, rss in c.rss_bytes().items():
+                for name, rss in {**c.rss_bytes(), "host_used": host_used_bytes()}.items():
                     peak[name] = max(peak.get(name, 0), rss)
                 step = last_step(step_file)
                 if not killed and step >= plan.kill_step:
@@ -170,7 +177,8 @@ def run(args: argparse.Namespace) -> dict:
                     c.add_node(rollout("w3", 2))
                     addresses["w3"] = c.nodes["w3"].ip
                     hlog.event(f"node w3 ({addresses['w3']}) joined: a new machine for {victim}'s replicas")
-                if killed and not parted and plan.partition_step is not None and step >= plan.partition_step:
+                if killed and not parted and plan.partition_step is not None and step >= plan.partition_step and \
+                        REPLACED_LINE in (out / "launch0.log").read_text(errors="replace"):
                     c.partition(other)
                     hlog.event(f"partitioned node {other} ({addresses[other]}): link down after step {step}")
                     time.sleep(plan.partition_s)
@@ -188,7 +196,8 @@ def run(args: argparse.Namespace) -> dict:
                    "plan": {"kill_step": plan.kill_step, "partition_step": plan.partition_step,
                             "partition_s": plan.partition_s, "steps": plan.steps, "process_faults": schedule},
                    "node_cpu_limit_cores": args.node_cpus, "cpu_control": "cgroup quota per rollout machine",
-                   "peak_rss_bytes": peak, "peak_rss_total_bytes": sum(peak.values())})
+                   "peak_rss_bytes": {k: v for k, v in peak.items() if k != "host_used"},
+                   "peak_host_used_bytes": peak.get("host_used")})
     argv = [str(RECIPE.relative_to(REPO)) if a == str(RECIPE) else a for a in cmd]
     report["command"] = {"argv": argv, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PYTHONPATH")}}
     return report
@@ -197,11 +206,13 @@ def run(args: argparse.Namespace) -> dict:
 def add_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("--nodes: on an emulated cluster")
     g.add_argument("--nodes", type=int, default=None, help="run on an emulated cluster of this many machines (3)")
-    g.add_argument("--steps", type=int, default=16, help="training steps of the --nodes run")
+    g.add_argument("--steps", type=int, default=40, help="training steps of the --nodes run (a replacement takes "
+                   "minutes to start on a capped machine: the run must outlast it)")
     g.add_argument("--resp", type=int, default=64, help="response length of the --nodes run")
     g.add_argument("--node-cpus", type=float, default=0.5, help="cores each rollout machine may use (cgroup quota)")
     g.add_argument("--no-partition", action="store_true", help="the machine kill only")
-    g.add_argument("--node-faults", default="", help="the product's process faults as KIND=N,... (none by default)")
+    g.add_argument("--node-faults", default="pool_kill=2",
+                   help="the product's process faults as KIND=N,... (before the machine kill)")
     g.add_argument("--node-fault-step", type=int, default=2, help="the step of the first process fault")
     g.add_argument("--node-fault-gap", type=int, default=2, help="steps between two process faults")
     g.add_argument("--keep-logs", action="store_true", help="keep the nodes' folders (their Ray logs)")
