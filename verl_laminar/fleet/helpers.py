@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # where the helpers went belongs in the run's record
@@ -50,12 +50,13 @@ def is_laminar(config: Any) -> bool:
     return OmegaConf.select(config, "trainer.v1.trainer_mode", default=None) == "laminar"
 
 
-def here() -> Any:
-    """A soft affinity to this process's node (a helper starts elsewhere only when this node has no room)."""
+def here(soft: bool = True) -> Any:
+    """An affinity to this process's node; ``soft``: elsewhere when this node has no room (a 0-CPU actor needs a
+    hard one: on 3 emulated machines Ray placed the router on a rollout machine in spite of a soft affinity)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=soft)
 
 
 def storage_strategies(original: Any) -> Any:
@@ -135,15 +136,18 @@ def helper_actors(config: Any, agent_loop_manager: Any, reward_loop_manager: Any
             "reward": list(getattr(reward_loop_manager, "reward_loop_workers", None) or [])}
 
 
-def check_placement(config: Any, agent_loop_manager: Any, reward_loop_manager: Any) -> dict:
-    """Where verl's helpers really are, logged once at the start of training (a helper placed away from the
-    TaskRunner under ``task_runner`` is a warning: that node had no room, and its loss may stop the run)."""
+def check_placement(config: Any, agent_loop_manager: Any, reward_loop_manager: Any,
+                    laminar_actors: Optional[dict[str, Any]] = None) -> dict:
+    """Where verl's helpers (and ``laminar_actors``: Laminar's router and relay group, always started here) really
+    are, logged once at the start of training (one placed away from the TaskRunner under ``task_runner`` is a
+    warning: that node had no room, and its loss may stop the run)."""
     import ray
 
     from verl_laminar.trainer.procs import node_of
 
     node = ray.get_runtime_context().get_node_id()
     actors = helper_actors(config, agent_loop_manager, reward_loop_manager)
+    actors.update({k: [v] for k, v in (laminar_actors or {}).items()})
     report = placement_report({k: [node_of(a) for a in v] for k, v in actors.items()}, node)
     text = ", ".join(f"{k} {report['on_node'][k]}/{report['total'][k]}" for k in actors)
     if on_task_runner(config) and report["elsewhere"]:

@@ -60,8 +60,10 @@ class FleetManifest:
 def open_manifest() -> Any:
     import ray
 
+    from verl_laminar.fleet.helpers import here
+
     return ray.remote(FleetManifest).options(name=MANIFEST_NAME, lifetime="detached", get_if_exists=True,
-                                             num_cpus=0).remote()
+                                             num_cpus=0, scheduling_strategy=here(soft=False)).remote()
 
 
 def check_cluster(config: Any) -> None:

@@ -71,6 +71,11 @@ def spawn_router(replicas: Sequence[ReplicaHandles], groups_per_batch: int, rela
     groups each training step takes (``data.train_batch_size``), which the bound's admission counts in."""
     import ray
 
-    return ray.remote(RouterShell).options(name=name, max_concurrency=max_concurrency, num_cpus=0).remote(
+    from verl_laminar.fleet.helpers import here
+
+    # beside the trainer's loop (hard affinity to this node: it needs no CPU, so it always fits): a 0-CPU actor lands on any node otherwise, and a chaos
+    # run lost its router with the rollout machine it had landed on
+    return ray.remote(RouterShell).options(name=name, max_concurrency=max_concurrency, num_cpus=0,
+                                           scheduling_strategy=here(soft=False)).remote(
         replicas, groups_per_batch, relays=relays, repack=repack, refresh=refresh, chain_relays=chain_relays,
         replacements=replacements, max_staleness=max_staleness, batch_groups=batch_groups)

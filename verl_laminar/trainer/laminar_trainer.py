@@ -290,7 +290,8 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def on_train_begin(self) -> None:
         from verl_laminar.fleet.helpers import check_placement
 
-        check_placement(self.config, self.agent_loop_manager, self.reward_loop_manager)
+        check_placement(self.config, self.agent_loop_manager, self.reward_loop_manager,
+                        {"router": self.router, "relay_group": self.relay_group})
         self._add_async_warmup_batches(OmegaConf.select(self.config, settings.WARMUP_KEY))
 
     def on_step_end(self) -> None:

@@ -96,7 +96,11 @@ def spawn_relays(trainer_rank0: Any, group_name: Optional[str] = None, replicas:
     # the chunk count of each broadcast comes from the cost model at the link rate the user states
     link_bytes_per_s = relay.link_gbps * 1e9 / 8 if relay is not None else None
     monitor = monitor_settings(heartbeat)
-    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0).remote(name, **monitor)
+    from verl_laminar.fleet.helpers import here
+
+    # beside the trainer's loop (hard affinity to this node: it needs no CPU, so it always fits): on a rollout machine its loss took the group with it
+    group = ray.remote(RelayGroup).options(name=name, max_concurrency=16, num_cpus=0,
+                                           scheduling_strategy=here(soft=False)).remote(name, **monitor)
     plan = ray.get(group.spawn.remote(nodes, master=master, keep_versions=keep, chunk_mb=chunk_mb,
                                       link_bytes_per_s=link_bytes_per_s, transport=transport, interface=interface,
                                       delta=delta))
