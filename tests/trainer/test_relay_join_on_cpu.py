@@ -112,8 +112,12 @@ def test_the_relay_setup_starts_the_monitor_timed_by_the_heartbeat(fake_ray, mon
         def start_monitor(self):
             self.monitoring = True
 
-    monkeypatch.setattr(ray, "remote", lambda cls: SimpleNamespace(options=lambda **kw: SimpleNamespace(
-        remote=lambda *a, **k: _Handle(FakeGroup(*a, **k)))))
+    from verl_laminar.fleet import helpers
+
+    options = {}
+    monkeypatch.setattr(helpers, "here", lambda soft=True: ("the TaskRunner's node", soft))
+    monkeypatch.setattr(ray, "remote", lambda cls: SimpleNamespace(options=lambda **kw: options.update(kw) or
+                                                                   SimpleNamespace(remote=lambda *a, **k: _Handle(FakeGroup(*a, **k)))))
     monkeypatch.setattr(group_mod, "sweep_stale_relays", lambda name, nodes: {})
     admitted = []  # the start-up check runs on real relays in tests/relay/test_relay_group_ray_on_cpu.py
     monkeypatch.setattr(relays, "admit_relays", lambda group, name, nodes, master, size, keep:
@@ -123,6 +127,8 @@ def test_the_relay_setup_starts_the_monitor_timed_by_the_heartbeat(fake_ray, mon
     assert admitted == [(True, "nA", 123, 2)]
     assert made[0].monitoring and made[0].monitor == {"ping_timeout_s": 12.0, "monitor_interval_s": 2.0}
     assert sorted(nid for nid, _ in made[0].nodes.values()) == ["nA", "nB", "nC"]
+    # the group itself beside the trainer's loop, whatever node Ray would pick for a 0-CPU actor
+    assert options["scheduling_strategy"] == ("the TaskRunner's node", False)
     assert relays.monitor_settings(None) == {"ping_timeout_s": relays.DEFAULT_PING_TIMEOUT_S,
                                              "monitor_interval_s": relays.DEFAULT_MONITOR_INTERVAL_S}
     assert relays.monitor_settings(HeartbeatConfig(interval_s=1.0))["ping_timeout_s"] == relays.DEFAULT_PING_TIMEOUT_S
