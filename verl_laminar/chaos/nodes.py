@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -190,7 +191,11 @@ def run(args: argparse.Namespace) -> dict:
         if holder.poll() is None:  # the run ended before placing its trainer
             holder.kill()
         t1 = time.time()
-        local = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints"
+        # the run's files out of the head's /tmp before the cluster (and that folder) goes
+        local = out / "run"
+        local.mkdir(exist_ok=True)
+        for f in (c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints").glob("laminar_*.jsonl"):
+            shutil.copy2(f, local / f.name)
         report = node_report.build(out / "launch0.log", out / "harness.log", local, addresses, t0, t1, plan.steps)
     report.update({"exit_code": rc, "nodes": args.nodes, "seed": args.seed,
                    "plan": {"kill_step": plan.kill_step, "partition_step": plan.partition_step,

@@ -173,6 +173,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if path is not None:
         path.write_text(text + "\n")
         logger.info("wrote %s", path)
+        if args.nodes:  # the pictures beside it, each fault marked
+            from verl_laminar.chaos.node_plots import pictures
+
+            footer = f"{prov.get('date')} | {prov.get('machine', {}).get('cpu_model')} | commit {prov.get('commit')}"
+            for png in pictures(Path(args.out) / "run", Path(args.out) / "harness.log", str(path.with_suffix("")),
+                                footer):
+                logger.info("wrote %s", png)
     if args.json:
         sys.stdout.write(text + "\n")
     ok = report["duplicated"] == 0 and report["mixed_version_steps"] == 0 and report["completed"]
