@@ -73,7 +73,7 @@ def plan_for(seed: int, steps: int, partition: bool) -> Plan:
     part = kill + 4 if partition else None  # at the earliest; and only once a replacement joined (``run``)
     if part is not None and part + 8 > steps:
         raise ValueError(f"--steps {steps}: too few for a machine kill at step {kill} and a partition after it")
-    return Plan(kill, part, 15.0, steps)
+    return Plan(kill, part, 25.0, steps)  # longer than the 10 s a silent machine takes to be declared dead
 
 
 class HarnessLog:
@@ -144,7 +144,10 @@ def run(args: argparse.Namespace) -> dict:
     if schedule:
         cmd.append(f"laminar.fault_injection.schedule='{schedule}'")
     peak: dict[str, int] = {}
-    with EmulatedCluster(ClusterSpec(base_dir=str(out / "emu"), keep_logs=args.keep_logs), nodes) as c:
+    # a raylet under a 0.5-core quota, beside a starting replica, missed 3 health checks of 1 s and the GCS declared
+    # its live machine dead: 10 misses (10 s) declare a silent machine dead (Ray's defaults take about 15 s)
+    spec = ClusterSpec(base_dir=str(out / "emu"), keep_logs=args.keep_logs, health_check_failures=10)
+    with EmulatedCluster(spec, nodes) as c:
         addresses = {name: n.ip for name, n in c.nodes.items()}
         # Ray, not Laminar, picks the machine of verl's trainer placement group (with every GPU free it picked a
         # capped rollout machine): the rollout machines' GPUs are held until the trainer's group is placed
