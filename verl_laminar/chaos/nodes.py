@@ -5,8 +5,9 @@
 
 Dataflow (one loop, the harness's; the product runs untouched in the head):
     EmulatedCluster: head (driver, verl's TaskRunner with the trainer's loop, router, pool and verl's helpers, the
-        trainer rank: 1 logical GPU) and 2 rollout machines of 1 and 2 logical GPUs, each capped to ``--node-cpus``
-        cores (a cgroup quota: a killed machine frees no CPU for its survivors)
+        trainer rank: 1 logical GPU) and 2 rollout machines of 1 and 2 logical GPUs, each with a cgroup CPU weight
+        (``--node-cpu-weight``; a quota, ``--node-cpus``, starved a capped machine's raylet into missed health
+        checks, so by default the figures are measured on shared cores)
     -> the CPU recipe in the head (3 replicas: one on w1, two on w2, the paper's 32B case, TP=4 on 8 GPUs), the product's process faults from ``laminar.fault_injection.schedule`` (``--faults``)
     -> watch the run's step file; at ``kill_step`` kill a rollout machine (its PID namespace's init: the raylet and
        every worker at once) and add a fresh machine of the same size; at ``partition_step`` cut the other rollout
@@ -14,7 +15,7 @@ Dataflow (one loop, the harness's; the product runs untouched in the head):
     -> report (``chaos.node_report``): detection, the replacement's first token and generation recovery per machine
        kill, the partition's effect, beside the product chaos report's lost / duplicated / mixed counts.
 
-Every figure is measured on this host's shared cores, under the per-node quota named in the result.
+Every figure is measured on this host's shared cores, under the per-node CPU control named in the result.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def run(args: argparse.Namespace) -> dict:
     model = str(args.model or model_dir(name=args.fixture))
 
     def rollout(name: str, gpus: int) -> NodeSpec:
-        return NodeSpec(name, num_cpus=2 * gpus, num_gpus=gpus, cpu_limit=args.node_cpus, shm_mb=1536,
-                        object_store_mb=256)
+        return NodeSpec(name, num_cpus=2 * gpus, num_gpus=gpus, cpu_limit=args.node_cpus,
+                        cpu_weight=args.node_cpu_weight, shm_mb=1536, object_store_mb=256)
 
     # 3 replicas (4 do not fit in 24 GiB beside the trainer: Ray's memory monitor killed replicas at 21.5 GB):
     # one on w1, two on w2, the machine that is killed
@@ -154,8 +155,9 @@ def run(args: argparse.Namespace) -> dict:
         holder = c.head_popen([sys.executable, "-c", HOLD, "w1:1,w2:2"], stdout=subprocess.PIPE, text=True)
         if (holder.stdout.readline() if holder.stdout else "").strip() != "held":
             raise RuntimeError(f"the GPU holder did not start (exit {holder.wait()})")
-        hlog.event(f"cluster up: {addresses}; rollout machines capped at {args.node_cpus} cores each "
-                   f"(cgroup {c.cpu_control.kind}); their GPUs held until the trainer's rank is placed")
+        hlog.event(f"cluster up: {addresses}; rollout machines: quota {args.node_cpus} cores, weight "
+                   f"{args.node_cpu_weight} (cgroup {c.cpu_control.kind}); their GPUs held until the trainer's "
+                   "rank is placed")
         step_file = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints" / "laminar_metrics.jsonl"
         t0 = time.time()
         with (out / "launch0.log").open("w") as log:
@@ -203,7 +205,10 @@ def run(args: argparse.Namespace) -> dict:
     report.update({"exit_code": rc, "nodes": args.nodes, "seed": args.seed,
                    "plan": {"kill_step": plan.kill_step, "partition_step": plan.partition_step,
                             "partition_s": plan.partition_s, "steps": plan.steps, "process_faults": schedule},
-                   "node_cpu_limit_cores": args.node_cpus, "cpu_control": "cgroup quota per rollout machine",
+                   "node_cpu_limit_cores": args.node_cpus, "node_cpu_weight": args.node_cpu_weight,
+                   "cpu_control": f"cgroup {c.cpu_control.kind}: quota {args.node_cpus} cores, weight "
+                                  f"{args.node_cpu_weight} per rollout machine; every figure is measured on the "
+                                  "host's 2 shared cores (a lost machine's share goes to the survivors)",
                    "peak_rss_bytes": {k: v for k, v in peak.items() if k != "host_used"},
                    "peak_host_used_bytes": peak.get("host_used")})
     argv = [str(RECIPE.relative_to(REPO)) if a == str(RECIPE) else a for a in cmd]
@@ -217,7 +222,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=40, help="training steps of the --nodes run (a replacement takes "
                    "minutes to start on a capped machine: the run must outlast it)")
     g.add_argument("--resp", type=int, default=64, help="response length of the --nodes run")
-    g.add_argument("--node-cpus", type=float, default=0.5, help="cores each rollout machine may use (cgroup quota)")
+    g.add_argument("--node-cpus", type=float, default=None,
+                   help="cores each rollout machine may use (a cgroup quota; none by default: under 0.5 cores a "
+                        "machine's raylet, starved beside a starting replica, missed its health checks)")
+    g.add_argument("--node-cpu-weight", type=int, default=100,
+                   help="each rollout machine's cgroup CPU weight (the head has the default, 100)")
     g.add_argument("--no-partition", action="store_true", help="the machine kill only")
     g.add_argument("--node-faults", default="pool_kill=2",
                    help="the product's process faults as KIND=N,... (before the machine kill)")
