@@ -113,7 +113,7 @@ def last_step(step_file: Path) -> int:
 
 def run(args: argparse.Namespace) -> dict:
     from verl_laminar.chaos import node_report
-    from verl_laminar.chaos.product import RECIPE, REPO
+    from verl_laminar.chaos.plan import RECIPE, REPO, parse_counts, plan_faults
     from verl_laminar.fixtures import model_dir
     from verl_laminar.fleet.emulated import EmulatedCluster
     from verl_laminar.fleet.emulated_spec import ClusterSpec, NodeSpec
@@ -138,8 +138,6 @@ def run(args: argparse.Namespace) -> dict:
            "ROLLOUT_NODES": "3", "BATCH": "8", "GROUP": "4", "RESP": str(args.resp), "MICRO": "4", "OUT": OUT,
            "MODEL": model, "PYTHONUNBUFFERED": "1"}
     cmd = ["bash", str(RECIPE), "trainer.logger=[console]", *args.set]
-    from verl_laminar.chaos.product import parse_counts, plan_faults
-
     faults = plan_faults(parse_counts(args.node_faults), args.seed, args.node_fault_gap, first_step=args.node_fault_step)
     schedule = ";".join(f.label() for f in faults)
     if schedule:

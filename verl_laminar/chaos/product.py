@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import logging
-import random
 import sys
 import time
 from pathlib import Path
@@ -33,40 +32,19 @@ from typing import Optional
 
 from verl_laminar.bench.launch import run_logged
 from verl_laminar.bench.provenance import claim_result_path, provenance
+from verl_laminar.chaos.plan import FIRST_STEP, RECIPE, REPO, parse_counts, plan_faults
 from verl_laminar.chaos.report import build_report
 from verl_laminar.fleet.cluster import local_cluster
 from verl_laminar.policy.faults import KINDS, Fault
 
 logger = logging.getLogger("verl_laminar.chaos.product")
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "cpu" / "run_laminar_grpo.sh"
 # 11 faults: the issue's minimum of 10 (>= 3 replica SIGKILLs, >= 2 trainer SIGKILLs, the pool, a garbage replica)
 # and one more, so that one fault that finds no target still leaves 10 struck
 DEFAULT_FAULTS = "replica_kill=3,replica_hang=1,replica_garbage=1,pool_kill=4,trainer_kill=2"
 # a replacement replica takes ~80 s to start on 2 busy cores, ~7 steps of this workload: faults come further apart
 DEFAULT_GAP_STEPS = 8
-FIRST_STEP = 3  # after the warm-up steps
 FLEET_NAMESPACE = "laminar_chaos"
-
-
-def parse_counts(text: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        kind, sep, n = part.partition("=")
-        if not sep or kind not in KINDS or not n.isdigit():
-            raise ValueError(f"--faults entry {part!r}: expected KIND=N with KIND one of {', '.join(KINDS)}")
-        counts[kind] = counts.get(kind, 0) + int(n)
-    return counts
-
-
-def plan_faults(counts: dict[str, int], seed: int, gap_steps: int, first_step: int = FIRST_STEP) -> list[Fault]:
-    """The kinds in a seeded order, one every ``gap_steps`` steps from ``first_step``."""
-    if gap_steps < 1:
-        raise ValueError(f"--gap-steps {gap_steps}: must be >= 1")
-    kinds = [k for k in KINDS for _ in range(counts.get(k, 0))]
-    random.Random(seed).shuffle(kinds)
-    return [Fault(first_step + i * gap_steps, kind) for i, kind in enumerate(kinds)]
 
 
 def launch_command(out: Path, model: str, plan: list[Fault], steps: int, extra: list[str]) -> tuple[list, dict]:

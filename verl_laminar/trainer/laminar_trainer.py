@@ -288,7 +288,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
                     self.global_steps, len(records))
 
     def on_train_begin(self) -> None:
-        from verl_laminar.fleet.helpers import check_placement
+        from verl_laminar.trainer.placement import check_placement
 
         check_placement(self.config, self.agent_loop_manager, self.reward_loop_manager,
                         {"router": self.router, "relay_group": self.relay_group})
