@@ -210,7 +210,8 @@ def run(args: argparse.Namespace) -> dict:
                    "peak_rss_bytes": {k: v for k, v in peak.items() if k != "host_used"},
                    "peak_host_used_bytes": peak.get("host_used")})
     argv = [str(RECIPE.relative_to(REPO)) if a == str(RECIPE) else a for a in cmd]
-    report["command"] = {"argv": argv, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PYTHONPATH")}}
+    # as the product chaos run records it: no path (the model's, the run folder's in the head)
+    report["command"] = {"argv": argv, "env": {k: v for k, v in env.items() if k not in ("MODEL", "PYTHONPATH", "OUT")}}
     return report
 
 
