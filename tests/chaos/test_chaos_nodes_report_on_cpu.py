@@ -71,3 +71,25 @@ def test_the_harness_log_reads_back_as_stamped_events(tmp_path):
     t = log.event("killed node w2 (198.18.0.3): machine loss")
     (got_t, msg), = stamped((tmp_path / "h.log").read_text())
     assert abs(got_t - t) < 0.002 and nr.KILLED.search(msg)
+
+
+@pytest.mark.parametrize("step, killed, parted, replaced, want", [
+    (4, False, False, False, None),         # before the kill step
+    (5, False, False, False, "kill"),       # at it
+    (7, False, False, False, "kill"),       # late (the loop looked after a step it missed): still once
+    (8, True, False, False, None),          # killed; no partition before its step
+    (9, True, False, False, None),          # at its step, but no replacement joined yet
+    (9, True, False, True, "partition"),    # a replacement joined
+    (12, True, True, True, None),           # each fault once
+])
+def test_the_harness_strikes_each_machine_fault_once_in_order(step, killed, parted, replaced, want):
+    from verl_laminar.chaos.nodes import due
+
+    assert due(plan_for(0, 40, partition=True), step, killed, parted, replaced) == want
+
+
+def test_without_a_partition_only_the_kill_is_due():
+    from verl_laminar.chaos.nodes import due
+
+    plan = plan_for(0, 40, partition=False)
+    assert due(plan, 30, True, False, True) is None and due(plan, 5, False, False, False) == "kill"

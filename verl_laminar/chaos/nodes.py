@@ -94,6 +94,16 @@ class HarnessLog:
         return t
 
 
+def due(plan: Plan, step: int, killed: bool, parted: bool, replaced: bool) -> Optional[str]:
+    """The machine fault due now: "kill" at the plan's step, "partition" at its step once a replacement joined
+    (``replaced``), each once; None otherwise."""
+    if not killed and step >= plan.kill_step:
+        return "kill"
+    if killed and replaced and not parted and plan.partition_step is not None and step >= plan.partition_step:
+        return "partition"
+    return None
+
+
 def host_used_bytes() -> int:
     """MemTotal - MemAvailable: what the whole host uses (the nodes' RSS sums count shared pages once per node)."""
     info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
@@ -156,11 +166,12 @@ def run(args: argparse.Namespace) -> dict:
         hlog.event(f"cluster up: {addresses}; rollout machines: quota {args.node_cpus} cores, weight "
                    f"{args.node_cpu_weight} (cgroup {c.cpu_control.kind}); their GPUs held until the trainer's "
                    "rank is placed")
-        step_file = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints" / "laminar_metrics.jsonl"
+        run_dir = c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints"
+        step_file = run_dir / "laminar_metrics.jsonl"
         t0 = time.time()
         with (out / "launch0.log").open("w") as log:
             proc = c.head_popen(cmd, env=env, stdout=log, stderr=log, cwd=str(REPO))
-            killed = parted = False
+            killed = parted = replaced = False
             victim, other = "w2", "w1"
             while proc.poll() is None:
                 if holder.returncode is None and holder.poll() is not None:
@@ -173,7 +184,10 @@ def run(args: argparse.Namespace) -> dict:
                 for name, rss in {**c.rss_bytes(), "host_used": host_used_bytes()}.items():
                     peak[name] = max(peak.get(name, 0), rss)
                 step = last_step(step_file)
-                if not killed and step >= plan.kill_step:
+                if killed and not replaced and plan.partition_step is not None and step >= plan.partition_step:
+                    replaced = REPLACED_LINE in (out / "launch0.log").read_text(errors="replace")
+                action = due(plan, step, killed, parted, replaced)
+                if action == "kill":
                     pids = c.kill_node(victim)
                     hlog.event(f"killed node {victim} ({addresses[victim]}): machine loss, {len(pids)} processes "
                                f"ended, after step {step}")
@@ -181,8 +195,7 @@ def run(args: argparse.Namespace) -> dict:
                     c.add_node(rollout("w3", 2))
                     addresses["w3"] = c.nodes["w3"].ip
                     hlog.event(f"node w3 ({addresses['w3']}) joined: a new machine for {victim}'s replicas")
-                if killed and not parted and plan.partition_step is not None and step >= plan.partition_step and \
-                        REPLACED_LINE in (out / "launch0.log").read_text(errors="replace"):
+                if action == "partition":
                     c.partition(other)
                     hlog.event(f"partitioned node {other} ({addresses[other]}): link down after step {step}")
                     time.sleep(plan.partition_s)
@@ -197,7 +210,7 @@ def run(args: argparse.Namespace) -> dict:
         # the run's files out of the head's /tmp before the cluster (and that folder) goes
         local = out / "run"
         local.mkdir(exist_ok=True)
-        for f in (c.nodes["head"].folder / "tmp" / OUT.removeprefix("/tmp/") / "checkpoints").glob("laminar_*.jsonl"):
+        for f in run_dir.glob("laminar_*.jsonl"):
             shutil.copy2(f, local / f.name)
         report = node_report.build(out / "launch0.log", out / "harness.log", local, addresses, t0, t1, plan.steps)
     report.update({"exit_code": rc, "nodes": args.nodes, "seed": args.seed,

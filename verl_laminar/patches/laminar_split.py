@@ -16,15 +16,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_laminar.patches import Patch
 
-LAMINAR_MODE = "laminar"
-
 
 def is_laminar(config: Any) -> bool:
-    return isinstance(config, DictConfig) and OmegaConf.select(config, "trainer.v1.trainer_mode") == LAMINAR_MODE
+    from verl_laminar.fleet.helpers import is_laminar as laminar_mode
+
+    return isinstance(config, DictConfig) and laminar_mode(config)
 
 
 def _apply() -> None:
