@@ -80,7 +80,7 @@ def test_pool_stats_time_its_compactions(tmp_path):
     pool.shutdown()
 
 
-def test_sends_cross_ray_as_two_flat_buffers_and_come_back_equal():
+def test_sends_pack_as_two_flat_buffers_and_come_back_equal():
     from verl_laminar.bench.pool_load import pack_sends, unpack_sends
 
     rows = [(1.5, 1.75), (2.0, None), (3.25, 4.0)]
@@ -90,3 +90,19 @@ def test_sends_cross_ray_as_two_flat_buffers_and_come_back_equal():
     assert unpack_sends(*pack_sends([])) == []
     with pytest.raises(ValueError, match="2 send times against 3"):
         unpack_sends(sent[:16], acked)
+
+
+def test_a_generators_records_go_through_a_file_and_come_back_equal(tmp_path):
+    from verl_laminar.bench.pool_load import pack_sends, read_records, write_records
+
+    rows = [(1.5, 1.75), (2.0, None), (3.25, 4.0)]
+    waits = [(10.0, 0.25), (11.5, 1.5)]
+    path = str(tmp_path / "generator0.bin")
+    write_records(path, pack_sends(rows), waits)
+    assert read_records(path) == (rows, waits)
+    write_records(path, pack_sends([]), [])
+    assert read_records(path) == ([], [])
+    with open(path, "wb") as f:
+        f.write((8).to_bytes(8, "little") + b"\0" * 8)
+    with pytest.raises(ValueError, match="1 record parts, expected 3"):
+        read_records(path)

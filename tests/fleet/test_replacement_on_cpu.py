@@ -102,6 +102,61 @@ def test_a_failed_start_is_recorded_and_its_rank_never_reused_and_the_limit_hold
     assert len(fleet.failed) == 2
 
 
+def test_a_dead_replica_is_released_at_once_while_another_replacement_is_still_starting():
+    """A replica lost while a replacement starts (minutes on a real model) is released by the release thread at
+    once, not after that launch: Ray's GCS retries a placement group whose bundle was on a lost machine in a busy
+    loop until it is removed. Each release happens once, whichever thread gets there first."""
+    import threading
+
+    fleet = _Fleet(3)
+    launching, finish = threading.Event(), threading.Event()
+    plain_launch = fleet.launch
+
+    def slow_launch(rid):
+        launching.set()
+        assert finish.wait(10.0), "the test never let the launch finish"
+        return plain_launch(rid)
+
+    fleet.launch = slow_launch
+    loop = ReplacementLoop(fleet.dead, fleet.known, fleet.release, fleet.launch, fleet.join, fleet.fail, limit=8,
+                           interval_s=0.01).start()
+    try:
+        fleet.alive[0] = False
+        assert launching.wait(10.0), "replica 0's replacement never started"
+        fleet.alive[1] = False  # lost while replica 0's replacement is still starting
+        for _ in range(1000):
+            if 1 in fleet.released:
+                break
+            threading.Event().wait(0.01)
+        assert fleet.released == [0, 1] and fleet.launched == []  # 1 released while 3 is still starting
+        finish.set()
+        for _ in range(1000):
+            if len(fleet.joined) == 2:
+                break
+            threading.Event().wait(0.01)
+        assert fleet.joined == [("handles-3", 0), ("handles-4", 1)]
+        assert sorted(fleet.released) == [0, 1]  # the replacement thread did not release 1 a second time
+    finally:
+        finish.set()
+        loop.stop()
+
+
+def test_a_release_past_the_limit_still_happens_and_a_failed_one_is_logged_not_retried():
+    fleet = _Fleet(2)
+    calls = []
+
+    def release(rid):
+        calls.append(rid)
+        if rid == 1:
+            raise RuntimeError("the placement group is gone already")
+
+    loop = ReplacementLoop(fleet.dead, fleet.known, release, fleet.launch, fleet.join, fleet.fail, limit=0)
+    fleet.alive[0] = fleet.alive[1] = False
+    assert loop.release_dead() == [0]  # 1 failed: logged, not counted as released
+    assert loop.release_dead() == [] and calls == [0, 1]  # neither is released twice
+    assert loop.check() == [] and fleet.launched == []  # past the limit (0): refused, but released
+
+
 def test_a_replacement_joins_the_router_unloaded_loads_the_newest_version_and_takes_groups():
     async def main():
         router, loads = router_over([MortalServer(0)], 1, replacements=1)

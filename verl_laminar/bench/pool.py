@@ -36,7 +36,16 @@ import time
 import uuid
 from typing import Any, Optional
 
-from verl_laminar.bench.pool_load import Load, next_due, pack_sends, percentile, summarize, tokens_at, unpack_sends
+from verl_laminar.bench.pool_load import (
+    Load,
+    next_due,
+    pack_sends,
+    percentile,
+    read_records,
+    summarize,
+    tokens_at,
+    write_records,
+)
 from verl_laminar.bench.provenance import claim_result_path, provenance
 from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.stream import PoolStreamer
@@ -150,9 +159,20 @@ class Generator:
                 heapq.heappush(heap, (next_due(seq.start, seq.rate, seq.length, seq.streamer.sent,
                                                seq.streamer.last, load), id(seq), seq, replica))
             await asyncio.sleep(max(0.0, min(0.05, (heap[0][0] if heap else end) - time.monotonic())))
-        sent, acked = pack_sends(self.sends)
-        return {"sent": sent, "acked": acked, "end_waits": self.end_waits, "running": len(heap),
-                "pool_calls": sum(b.calls for b in self.batchers.values())}
+        return {"running": len(heap), "pool_calls": sum(b.calls for b in self.batchers.values())}
+
+    async def run_to(self, start_at: float, duration_s: float, path: str) -> dict:
+        """``run``, its records written to ``path`` (not returned through Ray: at 128 replicas a generator's 10^6
+        rows as a Ray return ended in a ``DeserializationError`` that hid what happened); a failure comes back as
+        its traceback, since the driver runs without the workers' logs."""
+        try:
+            out = await self.run(start_at, duration_s)
+            write_records(path, pack_sends(self.sends), self.end_waits)
+            return out
+        except Exception:  # the driver raises it with the generator named
+            import traceback
+
+            return {"error": traceback.format_exc()}
 
 
 def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
@@ -179,7 +199,13 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                 for g in range(generators)]
         ray.get([g.__ray_ready__.remote() for g in gens])
         start_at = time.monotonic() + 1.0
-        outs = ray.get([g.run.remote(start_at, duration_s) for g in gens], timeout=duration_s + 600)
+        paths = [os.path.join(folder, f"generator{g}.bin") for g in range(generators)]
+        outs = ray.get([g.run_to.remote(start_at, duration_s, p) for g, p in zip(gens, paths)],
+                       timeout=duration_s + 600)
+        for g, o in enumerate(outs):
+            if "error" in o:
+                raise RuntimeError(f"load generator {g} failed:\n{o['error']}")
+            o.update(zip(("sends", "end_waits"), read_records(paths[g])))
         try:  # queued behind every chunk still unapplied: a saturated pool answers late, or not within the bound
             stats = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
@@ -188,12 +214,12 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
             stats = dict.fromkeys(("open_entries", "compaction_s_max", "compaction_s_total", "compactions",
                                    "rss_bytes", "log_bytes"))
         ray.kill(pool)
-    finally:
+    finally:  # the records are read above, before the folder goes
         if started_ray:
             ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
     window = (start_at + warmup_s, start_at + duration_s)
-    sends = [s for o in outs for s in unpack_sends(o["sent"], o["acked"])]
+    sends = [s for o in outs for s in o["sends"]]
     waits = [w for o in outs for b, w in o["end_waits"] if window[0] <= b < window[1]]
     out = summarize(sends, window)
     out.update(nominal_appends_per_s=load.nominal_appends_per_s(), running_sequences=sum(o["running"] for o in outs),

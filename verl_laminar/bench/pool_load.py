@@ -74,7 +74,7 @@ def next_due(start: float, rate: float, length: int, sent: int, last: float, loa
 
 def pack_sends(rows: Iterable[Sequence[Optional[float]]]) -> tuple[bytes, bytes]:
     """``(sent, acknowledged)`` rows as two float64 arrays' bytes (NaN: no answer): a generator's 10^5-10^6 rows
-    cross Ray as two flat buffers, not a list of tuples (which at 128 replicas broke Ray's deserialization)."""
+    go to the driver as two flat buffers in a file (``write_records``)."""
     rows = list(rows)
     sent = array("d", (r[0] for r in rows))
     acked = array("d", (math.nan if r[1] is None else r[1] for r in rows))
@@ -89,6 +89,32 @@ def unpack_sends(sent: bytes, acked: bytes) -> list[tuple[float, Optional[float]
     if len(s) != len(a):
         raise ValueError(f"{len(s)} send times against {len(a)} acknowledgements")
     return [(x, None if math.isnan(y) else y) for x, y in zip(s, a)]
+
+
+def write_records(path: str, sends: tuple[bytes, bytes], end_waits: Sequence[tuple[float, float]]) -> None:
+    """A generator's records as one file: the packed send and acknowledgment times, then the end waits' pairs."""
+    sent, acked = sends
+    waits = array("d", (x for pair in end_waits for x in pair))
+    with open(path, "wb") as f:
+        for part in (sent, acked, waits.tobytes()):
+            f.write(len(part).to_bytes(8, "little"))
+            f.write(part)
+
+
+def read_records(path: str) -> tuple[list[tuple[float, Optional[float]]], list[tuple[float, float]]]:
+    """What ``write_records`` wrote: ``(sends, end_waits)``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    parts, at = [], 0
+    while at < len(data):
+        n = int.from_bytes(data[at:at + 8], "little")
+        parts.append(data[at + 8:at + 8 + n])
+        at += 8 + n
+    if len(parts) != 3:
+        raise ValueError(f"{path}: {len(parts)} record parts, expected 3")
+    waits = array("d")
+    waits.frombytes(parts[2])
+    return unpack_sends(parts[0], parts[1]), list(zip(waits[::2], waits[1::2]))
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:

@@ -142,8 +142,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
     args.out = args.out or tempfile.mkdtemp(prefix="laminar-chaos-")
     if args.nodes:
+        import signal
+
         from verl_laminar.chaos import nodes
 
+        # a stopped run (SIGTERM) unwinds like a failed one: its emulated cluster is taken down on the way out
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
         report = {**prov, **nodes.run(args)}
     else:
         report = {**prov, **run(args)}

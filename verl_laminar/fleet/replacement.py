@@ -1,10 +1,18 @@
 """Replacement replicas: a dead rollout replica is replaced by a new one, which loads the newest version from its
 node's relay and takes groups like any other.
 
-Dataflow (one thread; ``check`` is one look, the thread calls it every ``interval_s``):
-    dead()                                   the router's dead replicas (SIGKILLed, or killed by the hang watch)
+Dataflow (two threads; ``release_dead`` and ``check`` are one look each, called every ``interval_s``):
+    dead()                                   the router's dead replicas (SIGKILLed, killed by the hang watch, or
+                                             on a machine that was lost)
+    release thread: release(dead_id)         at once for every newly dead replica (past the limit too): free what
+                                             it still holds (its placement group). Never queued behind a launch:
+                                             Ray's GCS retries a placement group whose bundle was on a lost
+                                             machine without any backoff until it is removed (a busy loop), which
+                                             on a small head starved the run's own machines (a live one was
+                                             declared dead)
+    replacement thread:
     -> plan_replacements(dead, handled, started, limit)      pure: which to replace now, which are past the limit
-    -> for each: release(dead_id)            free what the dead one still holds (its placement group)
+    -> for each: release(dead_id)            done already, or done now (once per replica, whichever thread first)
                  launch(new_id) -> handles   start a replica (verl's own replica class: server, workers, engine)
                  join(handles, dead_id)      the router adds it UNLOADED; its first refresh pulls the newest
                                              version from the relay, then it takes groups
@@ -72,6 +80,29 @@ class ReplacementLoop:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._ids: set[int] = set()  # ids this loop gave out (``known`` may not list one whose launch failed)
+        self._released: set[int] = set()
+        self._release_lock = threading.Lock()  # one release at a time, each replica's once
+        self._release_thread: Optional[threading.Thread] = None
+
+    def release_dead(self) -> list[int]:
+        """One look of the release thread: release every dead replica not released yet; their ids."""
+        done = []
+        for rid in sorted(set(int(d) for d in self._dead()) - self._released):
+            try:
+                if self._release_once(rid):
+                    done.append(rid)
+            except Exception:  # noqa: BLE001 - logged; a replacement of it still tries to start
+                logger.exception("laminar: releasing dead replica %d failed", rid)
+        return done
+
+    def _release_once(self, rid: int) -> bool:
+        """``release(rid)`` unless it ran already (True when this call ran it); a failed release is not retried."""
+        with self._release_lock:
+            if rid in self._released:
+                return False
+            self._released.add(rid)
+            self._release(rid)
+            return True
 
     def check(self) -> list[Replacement]:
         """One look: replace every newly dead replica (sequentially: each launch loads a model)."""
@@ -93,7 +124,7 @@ class ReplacementLoop:
                 self._report(rid, rec.error)
                 break
             try:
-                self._release(rid)
+                self._release_once(rid)
                 rec.new = next_replica_id(set(self._known()) | self._ids)
                 self._ids.add(rec.new)
                 logger.warning("laminar: replacing dead replica %d with a new replica %d", rid, rec.new)
@@ -124,21 +155,25 @@ class ReplacementLoop:
         with self._lock:
             return list(self.records)
 
-    def _run(self) -> None:
+    def _run(self, look: Callable[[], Any], what: str) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.check()
+                look()
             except Exception:  # noqa: BLE001 - a failed look (the router busy) must not end the loop
-                logger.exception("laminar: replacement loop: one look failed; trying again in %.1f s",
-                                 self.interval_s)
+                logger.exception("laminar: %s loop: one look failed; trying again in %.1f s", what, self.interval_s)
 
     def start(self) -> "ReplacementLoop":
-        self._thread = threading.Thread(target=self._run, name="laminar-replacement", daemon=True)
+        self._release_thread = threading.Thread(target=self._run, args=(self.release_dead, "release"),
+                                                name="laminar-release", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self.check, "replacement"),
+                                        name="laminar-replacement", daemon=True)
+        self._release_thread.start()
         self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop looking; a launch under way finishes (or fails) on its own, and its replica is not joined."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        for thread in (self._release_thread, self._thread):
+            if thread is not None:
+                thread.join(timeout=timeout_s)
