@@ -114,6 +114,21 @@ def test_a_held_version_outlives_keep_until_released(tmp_path):
     assert not store.hold(1)  # evicted: a hold now fails (the router loses the groups instead of waiting)
 
 
+def test_holds_are_counted_a_version_stays_until_its_last_hold_is_released(tmp_path):
+    """The router holds a dead replica's version while a replica's load holds the version it reads: the first
+    release must not drop the other's hold."""
+    store = RelayStore(str(tmp_path / "s"), keep=1)
+    store.commit(_fill(store, 1, os.urandom(2048)))
+    assert store.hold(1) and store.hold(1)
+    store.commit(_fill(store, 2, os.urandom(2048)))
+    store.release(1)
+    assert store.versions() == [1, 2] and store.held() == [1]  # one hold left: still readable
+    store.release(1)
+    assert store.versions() == [2] and store.held() == []
+    store.release(1)  # a release with no hold is harmless
+    assert store.versions() == [2]
+
+
 def test_a_hold_is_refused_without_room_for_one_more_copy(tmp_path, monkeypatch):
     """A node sized for keep_versions copies: holding one more would make the next version's receive fail, so the
     hold is refused (the router then loses the dead replica's groups, as without a replacement)."""

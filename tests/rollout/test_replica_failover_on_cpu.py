@@ -375,3 +375,32 @@ def test_holds_ask_only_the_relays_of_live_replicas_after_a_machine_loss():
         await router.close()
 
     asyncio.run(main())
+
+
+def test_a_relay_gone_with_its_machine_is_skipped_by_a_hold_and_a_failing_one_is_not():
+    """A partition took a relay's machine while a dead replica's groups were parked: the hold failed on that
+    relay alone (ActorDiedError) and the groups were lost, though every relay left held their version."""
+    from ray.exceptions import ActorDiedError
+
+    from verl_laminar.rollout.holds import RelayHolds
+
+    class GoneRelay:
+        def hold(self, version):
+            raise ActorDiedError()
+
+    class BrokenRelay:
+        def hold(self, version):
+            raise RuntimeError("store unreadable")
+
+    async def main():
+        live, gone = HoldingRelay(readable=(0, 1)), ActorShell(GoneRelay())
+        ok, _ = await RelayHolds(lambda: [ActorShell(live), gone])._hold(0)
+        assert ok and live.held == [0]
+        ok, why = await RelayHolds(lambda: [gone])._hold(0)
+        assert not ok and "no relay is left" in why
+        ok, why = await RelayHolds(lambda: [ActorShell(live), ActorShell(BrokenRelay())])._hold(0)
+        assert not ok and "store unreadable" in why
+        ok, _ = await RelayHolds(lambda: [ActorShell(live), gone])._hold(7)  # not readable on the live one
+        assert not ok
+
+    asyncio.run(main())

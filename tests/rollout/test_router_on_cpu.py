@@ -308,6 +308,63 @@ def test_a_slow_relay_that_keeps_delivering_chunks_is_waited_for_past_the_floor(
     assert attempts(caplog) == []
 
 
+class EvictingRelay(FakeRelay):
+    """A relay keeping its ``keep`` newest versions, plus those pinned by a load (counted, as the store's holds)."""
+
+    def __init__(self, versions=(), keep: int = 2) -> None:
+        super().__init__(versions)
+        self.keep, self.pins, self.pinned_ever = keep, {}, []
+
+    def commit(self, version: int) -> None:
+        self.committed.append(version)
+        old = sorted(v for v in self.committed if v not in self.pins)
+        for v in old[: max(0, len(old) - self.keep)]:
+            self.committed.remove(v)
+
+    def pin(self, version):
+        if version not in self.committed:
+            return False
+        self.pins[version] = self.pins.get(version, 0) + 1
+        self.pinned_ever.append(version)
+        return True
+
+    def unpin(self, version):
+        self.pins[version] -= 1
+        if not self.pins[version]:
+            del self.pins[version]
+        self.commit_none()
+
+    def commit_none(self) -> None:  # evict what the unpin left beyond keep
+        old = sorted(v for v in self.committed if v not in self.pins)
+        for v in old[: max(0, len(old) - self.keep)]:
+            self.committed.remove(v)
+
+
+def test_a_load_slower_than_two_publishes_keeps_its_version_pinned_on_the_relay():
+    """A replacement starting beside another on a busy machine took 29 s to load; two publishes meanwhile evicted
+    its version (keep_versions=2) and the run stopped. The loader pins the version on the replica's relay for the
+    length of the load, and unpins it after."""
+    async def main():
+        relay = EvictingRelay(versions=(0,), keep=2)
+        server = FakeServer()
+
+        async def slow_load(replica, version):
+            relay.commit(1)
+            relay.commit(2)  # two publishes during the load: unpinned, version 0 would be gone now
+            if version not in relay.committed:
+                raise LookupError(f"version {version} is not readable; readable: {relay.committed}")
+            server.version = version
+
+        router = LaminarRouter([ReplicaHandles(0, "a0", server)], groups_per_batch=1, refresher=slow_load,
+                               relays={0: ActorShell(relay)}, refresh=FAST)
+        assert await router.start(0) == {0: 0}
+        assert server.version == 0 and relay.pinned_ever == [0]
+        assert relay.pins == {} and relay.committed == [1, 2]  # unpinned after the load, then evicted
+        await router.close()
+
+    asyncio.run(main())
+
+
 def test_a_relay_that_never_progresses_times_out_after_the_retries(caplog):
     async def main():
         relay = FakeRelay()

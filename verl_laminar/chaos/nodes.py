@@ -240,8 +240,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--node-cpu-weight", type=int, default=100,
                    help="each rollout machine's cgroup CPU weight (the head has the default, 100)")
     g.add_argument("--no-partition", action="store_true", help="the machine kill only")
-    g.add_argument("--node-faults", default="pool_kill=2",
-                   help="the product's process faults as KIND=N,... (before the machine kill)")
+    # pool kills only by default: after the machine kill no device is free until the new machine's replacements
+    # start, so a replica fault there would idle the fleet rather than test a recovery (replica faults aimed
+    # across machines: tests/fleet/test_process_fault_on_emulated_cluster_on_cpu.py and the product chaos run)
+    g.add_argument("--node-faults", default="pool_kill=5",
+                   help="the product's process faults as KIND=N,... (from --node-fault-step, around the machine kill)")
     g.add_argument("--node-fault-step", type=int, default=2, help="the step of the first process fault")
     g.add_argument("--node-fault-gap", type=int, default=2, help="steps between two process faults")
     g.add_argument("--keep-logs", action="store_true", help="keep the nodes' folders (their Ray logs)")

@@ -160,6 +160,12 @@ class Relay:
     def release(self, version: int) -> None:
         self.store.release(version)
 
+    def pin(self, version: int) -> bool:  # a replica's load: its version stays readable until unpin (holds count)
+        return self.store.hold(version)
+
+    def unpin(self, version: int) -> None:
+        self.store.release(version)
+
     def describe(self, version: Optional[int] = None) -> dict:
         """Where a same-machine reader maps ``version``: {"version", "path", "manifest" (JSON)}."""
         v = self.store.get(version)

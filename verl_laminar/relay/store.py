@@ -95,7 +95,7 @@ class RelayStore:
         self._spares: dict[int, str] = {}  # size -> pre-allocated staging file (at most one)
         self._warm: dict[int, _Warm] = {}  # committed version -> its mapping, for recycling at eviction
         # versions kept beyond ``keep`` until released: a dead replica's groups wait for a replacement to load theirs
-        self._held: set[int] = set()
+        self._held: dict[int, int] = {}  # version -> holds not yet released (the router's and each load's)
         self._spare_lock = threading.Lock()
         for v in StoreReader(root).versions():
             self._versions[v] = StoredVersion(StoreReader(root).manifest(v), _data_path(root, v))
@@ -207,7 +207,8 @@ class RelayStore:
             stored = self._versions.get(v)
             if stored is None:
                 return False
-            if v in self._held:
+            if v in self._held:  # no second copy: one more hold to release
+                self._held[v] += 1
                 return True
             size = stored.manifest.total_bytes
             need = (self.keep + len(self._held) + 1) * size + sum(self._spares)
@@ -216,7 +217,7 @@ class RelayStore:
                 logger.warning("relay store %s: no room to hold version %d beyond keep_versions=%d (%d held; needs "
                                "%d bytes, has %d)", self.root, v, self.keep, len(self._held), need, have)
                 return False
-            self._held.add(v)
+            self._held[v] = 1
             return True
 
     def held(self) -> list[int]:
@@ -224,9 +225,14 @@ class RelayStore:
             return sorted(self._held)
 
     def release(self, version: int) -> None:
-        """End a ``hold``; the version is evicted now if ``keep`` newer versions are readable."""
+        """End one ``hold``; after the last, the version is evicted now if ``keep`` newer versions are readable."""
         with self._lock:
-            self._held.discard(int(version))
+            v = int(version)
+            left = self._held.get(v, 0) - 1
+            if left > 0:
+                self._held[v] = left
+                return
+            self._held.pop(v, None)
             self._evict(self.keep)
 
     def _evict(self, keep: int, recycle_size: Optional[int] = None) -> Optional[_Warm]:

@@ -39,13 +39,21 @@ class RelayHolds:
         return bool(add or drop)
 
     async def _hold(self, version: int) -> tuple[bool, str]:
-        relays = self._unique()
-        try:
-            ok = all(await asyncio.gather(*(r.hold.remote(version) for r in relays)))
-            return ok, f"version {version} is no longer on every relay, or a relay has no room to hold it " \
-                       "(laminar.relay.keep_versions, /dev/shm)"
-        except Exception as e:  # noqa: BLE001 - a relay gone: the version cannot be counted on
-            return False, f"holding version {version} on the relays failed: {e!r}"
+        """Every live relay must hold it. A relay whose actor died went with its machine: no replica reads from it
+        again (a replacement there gets a new relay), so it is skipped; before, one such relay lost the groups
+        parked on a partitioned machine's version although every relay left held it."""
+        answers = await asyncio.gather(*(r.hold.remote(version) for r in self._unique()), return_exceptions=True)
+        gone = [a for a in answers if isinstance(a, BaseException) and _actor_gone(a)]
+        failed = [a for a in answers if isinstance(a, BaseException) and not _actor_gone(a)]
+        held = [a for a in answers if not isinstance(a, BaseException)]
+        if failed:
+            return False, f"holding version {version} on the relays failed: {failed[0]!r}"
+        if not held:
+            return False, f"holding version {version}: no relay is left ({len(gone)} gone)"
+        if gone:
+            logger.warning("holding version %d: %d relay(s) gone with their machine, skipped", version, len(gone))
+        return all(held), f"version {version} is no longer on every relay, or a relay has no room to hold it " \
+                          "(laminar.relay.keep_versions, /dev/shm)"
 
     async def _release(self, version: int) -> None:
         try:
@@ -84,3 +92,12 @@ class RelayHolds:
                 self.refused &= want()  # a version wanted again later is asked again
         finally:
             self._busy = False
+
+
+def _actor_gone(error: BaseException) -> bool:
+    """Ray says the actor died (its process or machine): distinct from a relay that answered with an error."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # no Ray: in-process relays never die this way
+        return False
+    return isinstance(error, RayActorError)

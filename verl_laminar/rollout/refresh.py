@@ -194,8 +194,35 @@ class VersionLoader:
                         target)
             host.retarget(rid, newest)  # no await in between: no plan can start a second refresh of it
             target = newest
-        await self._load(rid, target)
+        held = await self._hold(rid, target)
+        try:
+            await self._load(rid, target)
+        finally:
+            if held:
+                await self._release(rid, target)
         return target
+
+    async def _hold(self, replica_id: int, version: int) -> bool:
+        """Keep ``version`` on the replica's relay while it loads: a load slower than two publishes (a replacement
+        starting beside another on a busy machine took 29 s) would otherwise find it evicted (keep_versions)
+        and stop the run. False (a warning; the load goes on unheld) when the relay cannot hold it."""
+        relay = self._relay_of(replica_id)
+        if relay is None:
+            return False
+        try:
+            if await relay.pin.remote(version):
+                return True
+            why = "it is not readable there any more, or /dev/shm has no room for one more copy"
+        except Exception as e:  # noqa: BLE001 - the load reports a dead relay itself
+            why = repr(e)
+        logger.warning("replica %d: version %d not held on its relay for the load (%s)", replica_id, version, why)
+        return False
+
+    async def _release(self, replica_id: int, version: int) -> None:
+        try:
+            await self._relay_of(replica_id).unpin.remote(version)
+        except Exception as e:  # noqa: BLE001 - a relay gone holds nothing
+            logger.debug("replica %d: releasing version %d after its load: %r", replica_id, version, e)
 
     async def _drain(self, replica_id: int, t0: float) -> None:
         while self._host.inflight_on(replica_id):
