@@ -28,3 +28,18 @@ def test_hold_plan_skips_refusals_unless_the_version_must_be_held():
     assert hold_plan({3, 5}, set(), held={2}, refused={5}) == ([3], [2])
     assert hold_plan({5}, {5}, held=set(), refused={5}) == ([5], [])
     assert hold_plan({3}, set(), held={3}, refused=set()) == ([], [])
+
+
+@pytest.mark.parametrize("answers, gone, ok, why", [
+    ([True, True], [False, False], True, ""),
+    ([True, RuntimeError("died")], [False, True], True, "1 relay(s) gone with their machine skipped"),
+    ([RuntimeError("died")], [True], False, "no relay is left (1 gone)"),
+    ([True, RuntimeError("store unreadable")], [False, False], False, "failed: RuntimeError('store unreadable')"),
+    ([True, False], [False, False], False, "no longer on every relay"),
+    ([False, RuntimeError("died")], [False, True], False, "no longer on every relay"),
+])
+def test_a_hold_skips_relays_gone_with_their_machine_and_fails_on_any_other_answer(answers, gone, ok, why):
+    from verl_laminar.policy.holds import hold_verdict
+
+    got_ok, got_why = hold_verdict(3, answers, gone)
+    assert got_ok is ok and why in got_why

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterable
 
-from verl_laminar.policy.holds import hold_plan
+from verl_laminar.policy.holds import hold_plan, hold_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +39,13 @@ class RelayHolds:
         return bool(add or drop)
 
     async def _hold(self, version: int) -> tuple[bool, str]:
-        """Every live relay must hold it. A relay whose actor died went with its machine: no replica reads from it
-        again (a replacement there gets a new relay), so it is skipped; before, one such relay lost the groups
-        parked on a partitioned machine's version although every relay left held it."""
+        """Every live relay must hold it (``policy.holds.hold_verdict``: a relay gone with its machine is skipped;
+        before, one such relay lost the groups parked on a partitioned machine's version)."""
         answers = await asyncio.gather(*(r.hold.remote(version) for r in self._unique()), return_exceptions=True)
-        gone = [a for a in answers if isinstance(a, BaseException) and _actor_gone(a)]
-        failed = [a for a in answers if isinstance(a, BaseException) and not _actor_gone(a)]
-        held = [a for a in answers if not isinstance(a, BaseException)]
-        if failed:
-            return False, f"holding version {version} on the relays failed: {failed[0]!r}"
-        if not held:
-            return False, f"holding version {version}: no relay is left ({len(gone)} gone)"
-        if gone:
-            logger.warning("holding version %d: %d relay(s) gone with their machine, skipped", version, len(gone))
-        return all(held), f"version {version} is no longer on every relay, or a relay has no room to hold it " \
-                          "(laminar.relay.keep_versions, /dev/shm)"
+        ok, why = hold_verdict(version, answers, [isinstance(a, BaseException) and _actor_gone(a) for a in answers])
+        if ok and why:
+            logger.warning("holding version %d: %s", version, why)
+        return ok, why
 
     async def _release(self, version: int) -> None:
         try:

@@ -194,15 +194,15 @@ class VersionLoader:
                         target)
             host.retarget(rid, newest)  # no await in between: no plan can start a second refresh of it
             target = newest
-        held = await self._hold(rid, target)
+        pinned = await self._pin(rid, target)
         try:
             await self._load(rid, target)
         finally:
-            if held:
-                await self._release(rid, target)
+            if pinned:
+                await self._unpin(rid, target)
         return target
 
-    async def _hold(self, replica_id: int, version: int) -> bool:
+    async def _pin(self, replica_id: int, version: int) -> bool:
         """Keep ``version`` on the replica's relay while it loads: a load slower than two publishes (a replacement
         starting beside another on a busy machine took 29 s) would otherwise find it evicted (keep_versions)
         and stop the run. False (a warning; the load goes on unheld) when the relay cannot hold it."""
@@ -218,7 +218,7 @@ class VersionLoader:
         logger.warning("replica %d: version %d not held on its relay for the load (%s)", replica_id, version, why)
         return False
 
-    async def _release(self, replica_id: int, version: int) -> None:
+    async def _unpin(self, replica_id: int, version: int) -> None:
         try:
             await self._relay_of(replica_id).unpin.remote(version)
         except Exception as e:  # noqa: BLE001 - a relay gone holds nothing
