@@ -5,6 +5,7 @@ Mooncake runs its own TCP data protocol here (``protocol: tcp``); on a cluster t
 """
 
 import os
+import time
 
 import pytest
 
@@ -116,6 +117,24 @@ def _threads() -> set[int]:
     return {int(t) for t in os.listdir("/proc/self/task")}
 
 
+def _name(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f"{tid}:{f.read().strip()}"
+    except OSError:  # it ended while we looked
+        return f"{tid}:gone"
+
+
+def _still_running(started: set[int], deadline_s: float = 10.0) -> list[str]:
+    """The started threads still alive once they had ``deadline_s`` to finish: a close ends them, but a thread
+    (the relay's connection handler, an engine worker) leaves its loop on its own schedule after its socket or
+    engine is gone, so one seen alive right after close is not yet a leak."""
+    end = time.monotonic() + deadline_s
+    while (alive := started & _threads()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return [_name(t) for t in sorted(alive)]
+
+
 def test_closing_a_mooncake_relay_and_sender_ends_their_engines_threads(tmp_path):
     """Each Transfer Engine runs threads of its own; a relay's close (and a sender transport's) stops them. Before,
     every engine the relay tests started still ran at the test runner's interpreter shutdown, beside Ray's and
@@ -132,7 +151,8 @@ def test_closing_a_mooncake_relay_and_sender_ends_their_engines_threads(tmp_path
     ch.close()
     sender.close()
     r.close(destroy=True)
-    assert not started & _threads(), f"engine threads still running after close: {sorted(started & _threads())}"
+    alive = _still_running(started)
+    assert not alive, f"engine threads still running 10 s after close: {alive}"
     with pytest.raises(TransportError, match="closed"):
         ch._engine.write("peer:1", 0, 0, 1)  # a channel that outlived its transport says so, never a crash
 

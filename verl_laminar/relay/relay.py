@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 from verl_laminar.policy.chain import DEFAULT_CHUNK_LATENCY_S, DEFAULT_LINK_BYTES_PER_S, ChainPlan, broadcast_chunks
 from verl_laminar.relay import probe
+from verl_laminar.relay.catch_up import catch_up_order, fetch_held
 from verl_laminar.relay.client import serve_pull
 from verl_laminar.relay.delta_chain import DeltaBook, KeptDelta, rebuild
 from verl_laminar.relay.forward import Forwarder
@@ -91,6 +92,7 @@ class Relay:
         if interface:
             host = interface_address(interface)
         self._cond = threading.Condition()
+        self._catching_up = threading.Lock()
         self._inflight: dict[int, InFlight] = {}
         self._timings: dict[int, dict] = {}
         self._events: list[dict] = []
@@ -154,8 +156,21 @@ class Relay:
     def versions(self) -> list[int]:
         return self.store.versions()
 
-    def hold(self, version: int) -> bool:  # readable beyond keep_versions until release; False: gone already
-        return self.store.hold(version)
+    def hold(self, version: int) -> bool:
+        """Keep ``version`` readable beyond keep_versions until ``release``. A version this relay never had (it
+        joined the chain later) or already evicted is pulled from another relay of the chain first
+        (``relay.catch_up``); False when none has it or there is no room."""
+        if self.store.hold(version):
+            return True
+        with self._catching_up:  # one pull at a time: a second asker finds the version held here
+            if self.store.hold(version):
+                return True
+            with self._cond:
+                if version in self._inflight:  # arriving down the chain: it is the newest, never parked yet
+                    return False
+            order = catch_up_order(self.forwarder.plan, self.relay_id)
+            sources = [(r, self.forwarder.addresses[r]) for r in order if r in self.forwarder.addresses]
+            return fetch_held(self.store, int(version), sources, self.transport, self.io_timeout_s)
 
     def release(self, version: int) -> None:
         self.store.release(version)

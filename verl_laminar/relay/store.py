@@ -165,8 +165,19 @@ class RelayStore:
                 self._spares[nbytes] = path
             return path
 
-    def commit(self, staging: Staging) -> StoredVersion:
-        """Make ``staging`` readable; raises ``TornTransferError`` unless every chunk verified."""
+    def begin_held(self, manifest: VersionManifest) -> Staging:
+        """A staging copy of an older version this store never had, to be committed held (``commit(held=True)``;
+        ``relay.catch_up``): nothing is evicted for it, so the room checked is that of ``hold``.
+        Raises ``RelayMemoryError`` when the filesystem cannot hold it beside the copies kept and held."""
+        with self._lock:
+            need, have = self._hold_room(manifest.total_bytes)
+        if need > have:
+            raise RelayMemoryError(need, have, self.root, self.keep, f"version {manifest.version}, held")
+        return Staging(self.root, manifest, reserve=True, keep=self.keep)
+
+    def commit(self, staging: Staging, held: bool = False) -> StoredVersion:
+        """Make ``staging`` readable; raises ``TornTransferError`` unless every chunk verified. ``held``: hold it in
+        the same step (one ``release`` ends it), so an older version is not evicted before its holder sees it."""
         m = staging.manifest
         if staging.aborted or not staging.complete:
             missing = [i for i, ok in enumerate(staging.verified) if not ok]
@@ -187,6 +198,8 @@ class RelayStore:
             os.replace(tmp, _json_path(self.root, m.version))
             stored = StoredVersion(final, data)
             self._versions[m.version] = stored
+            if held:
+                self._held[m.version] = self._held.get(m.version, 0) + 1
             self._evict(self.keep)
         logger.debug("relay store %s committed version %d (%d bytes)", self.root, m.version, m.total_bytes)
         return stored
@@ -210,15 +223,18 @@ class RelayStore:
             if v in self._held:  # no second copy: one more hold to release
                 self._held[v] += 1
                 return True
-            size = stored.manifest.total_bytes
-            need = (self.keep + len(self._held) + 1) * size + sum(self._spares)
-            have = free_bytes(self.root) + self.data_bytes()
+            need, have = self._hold_room(stored.manifest.total_bytes)
             if need > have:
                 logger.warning("relay store %s: no room to hold version %d beyond keep_versions=%d (%d held; needs "
                                "%d bytes, has %d)", self.root, v, self.keep, len(self._held), need, have)
                 return False
             self._held[v] = 1
             return True
+
+    def _hold_room(self, size: int) -> tuple[int, int]:
+        """(bytes needed, bytes there) for ``keep`` copies, the spare and every held version plus one more of
+        ``size`` (lock held)."""
+        return (self.keep + len(self._held) + 1) * size + sum(self._spares), free_bytes(self.root) + self.data_bytes()
 
     def held(self) -> list[int]:
         with self._lock:
