@@ -62,11 +62,13 @@ def fetch_held(store: RelayStore, version: int, sources: list[tuple[str, tuple[s
                            m.total_bytes)
             return True
         except (VersionGoneError, TransportError, TornTransferError, OSError) as e:
-            logger.info("relay %s could not give version %d: %r", rid, version, e)
+            logger.warning("relay %s could not give version %d: %r", rid, version, e)
         except RelayMemoryError as e:
             logger.warning("no room to take version %d from relay %s and hold it: %s", version, rid, e)
             return False
         finally:
             if staged and not committed:
                 store.abort(staged[0])
+    logger.warning("version %d is not here and no relay of the chain gave it (asked: %s)", version,
+                   [rid for rid, _ in sources] or "none")
     return False

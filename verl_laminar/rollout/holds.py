@@ -41,10 +41,15 @@ class RelayHolds:
     async def _hold(self, version: int) -> tuple[bool, str]:
         """Every live relay must hold it (``policy.holds.hold_verdict``: a relay gone with its machine is skipped;
         before, one such relay lost the groups parked on a partitioned machine's version)."""
-        answers = await asyncio.gather(*(r.hold.remote(version) for r in self._unique()), return_exceptions=True)
+        relays = self._unique()
+        answers = await asyncio.gather(*(r.hold.remote(version) for r in relays), return_exceptions=True)
         ok, why = hold_verdict(version, answers, [isinstance(a, BaseException) and _actor_gone(a) for a in answers])
         if ok and why:
             logger.warning("holding version %d: %s", version, why)
+        if not ok:  # name the relays that said no: their own logs say why (relay.catch_up)
+            names = await _names([r for r, a in zip(relays, answers) if a is False])
+            if names:
+                why += f" (refused by {names})"
         return ok, why
 
     async def _release(self, version: int) -> None:
@@ -93,3 +98,14 @@ def _actor_gone(error: BaseException) -> bool:
     except ImportError:  # no Ray: in-process relays never die this way
         return False
     return isinstance(error, RayActorError)
+
+
+async def _names(relays: list) -> list[str]:
+    """The relay ids of ``relays`` (``Relay.ping``), for a message; a relay that cannot answer is named by its error."""
+    async def one(r: Any) -> str:
+        try:
+            return str(await r.ping.remote())
+        except Exception as e:  # noqa: BLE001 - only a name for a log line
+            return repr(e)
+
+    return list(await asyncio.gather(*(one(r) for r in relays)))
