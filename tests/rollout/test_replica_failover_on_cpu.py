@@ -377,6 +377,25 @@ def test_holds_ask_only_the_relays_of_live_replicas_after_a_machine_loss():
     asyncio.run(main())
 
 
+def test_holds_go_to_the_chains_master_relay_too():
+    """chaos --nodes found it: a partitioned replica's version was held only on its own relay (the master has no
+    replica on it), so once that machine was cut no relay could give the version to the new machine's relay, and
+    the replacement loading the parked groups' version found it gone and stopped the run."""
+    from verl_laminar.rollout.books import CHAIN_MASTER
+
+    async def main():
+        live, master = HoldingRelay(readable=(0, 1)), HoldingRelay(readable=(0, 1))
+        router, servers, client, loads = await _setup(2, gpb=1)
+        router._book.relays = {0: ActorShell(live), 1: ActorShell(live), CHAIN_MASTER: ActorShell(master)}
+        await router.assign_group("ga", 1)
+        await router.on_publish(1)
+        await _await_until(router, lambda: 0 in router._failover.holds.held)
+        assert master.held == [0] and set(live.held) == {0}  # the master holds what the replicas' relays hold
+        await router.close()
+
+    asyncio.run(main())
+
+
 def test_a_relay_gone_with_its_machine_is_skipped_by_a_hold_and_a_failing_one_is_not():
     """A partition took a relay's machine while a dead replica's groups were parked: the hold failed on that
     relay alone (ActorDiedError) and the groups were lost, though every relay left held their version."""

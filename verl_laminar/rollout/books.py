@@ -25,6 +25,12 @@ class ReplicaHandles:
     workers: tuple = ()  # the replica's CheckpointEngineWorker handles (what a refresh calls)
 
 
+# key of the chain's master relay in ``ReplicaBook.relays``: holds go to it too. It lives on the trainer's machine,
+# not with a rollout machine that may be lost, and a relay that joins later (``relay.catch_up``) takes a held
+# version from it; before, a version held only on a cut machine's relay could be pulled from nowhere.
+CHAIN_MASTER = -1
+
+
 @dataclass
 class ReplicaBook:
     """Every replica the fleet ever had (dead ones stay: their address still names them in late releases)."""

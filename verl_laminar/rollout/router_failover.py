@@ -45,7 +45,7 @@ from verl_laminar.policy.dispatch import (
 )
 from verl_laminar.policy.holds import versions_to_hold
 from verl_laminar.policy.replica_loss import fail_replica
-from verl_laminar.rollout.books import UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
+from verl_laminar.rollout.books import CHAIN_MASTER, UNLOADED, GroupBook, ReplicaBook, ReplicaHandles
 from verl_laminar.rollout.events import ParkedAdopted, ReplicaDied, RouterEvent
 from verl_laminar.rollout.holds import RelayHolds
 
@@ -150,7 +150,7 @@ class ReplicaFailover:
         return sorted(g for g in open_ if state.pins[g].version in served)
 
     def _live_relays(self) -> list:
-        alive = {r.replica_id for r in self._host.state().replicas if r.alive}
+        alive = {r.replica_id for r in self._host.state().replicas if r.alive} | {CHAIN_MASTER}
         return [relay for rid, relay in self._replicas.relays.items() if rid in alive]
 
     def dead_replicas(self) -> list[int]:

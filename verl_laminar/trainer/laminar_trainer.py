@@ -146,7 +146,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         settings.check_warmup(self.config, len(replicas), gpb)
         repack = settings.repack_settings(self.laminar, lambda: replica_b(
             replicas[0].server, int(self.config.actor_rollout_ref.rollout.max_num_seqs)))
-        self.router = spawn_router(replicas, gpb, relays=relays.replica_relays(self.relay_group, replicas),
+        self.router = spawn_router(replicas, gpb, relays=relays.replica_relays(self.relay_group, replicas, True),
                                    repack=repack, refresh=self.laminar.refresh_settings(),
                                    chain_relays=len(ray.get(self.relay_group.plan.remote()).relays),
                                    replacements=self.laminar.replace.max_replacements if self.laminar.replace.enabled

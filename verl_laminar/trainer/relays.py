@@ -164,10 +164,11 @@ def transport_label(spec: Optional[Any]) -> str:
     return f"mooncake/{spec.protocol}" + (f" on {spec.device}" if spec.device else "")
 
 
-def replica_relays(group: Any, replicas: list) -> dict:
+def replica_relays(group: Any, replicas: list, with_master: bool = False) -> dict:
     """Each replica's machine-local relay actor (the one its CheckpointEngineWorker reads from). Where a replica's
     node has no live relay (a node that joined after the spawn, or whose relay died), the group spawns one there
-    first (``RelayGroup.ensure_relay``), so the replica joins with a relay on its machine."""
+    first (``RelayGroup.ensure_relay``), so the replica joins with a relay on its machine. ``with_master``: the
+    chain's master too, under ``rollout.books.CHAIN_MASTER`` (the router holds versions on it as well)."""
     import ray
 
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
@@ -178,4 +179,8 @@ def replica_relays(group: Any, replicas: list) -> dict:
             raise RuntimeError(f"replica {r.replica_id}'s node {node} is not an alive Ray node; no relay can start there")
         relay_id = ray.get(group.ensure_relay.remote(node, ips[node]))
         out[r.replica_id] = ray.get_actor(ray.get(group.actor_name.remote(relay_id)))
+    if with_master:
+        from verl_laminar.rollout.books import CHAIN_MASTER
+
+        out[CHAIN_MASTER] = ray.get_actor(ray.get(group.actor_name.remote(ray.get(group.master.remote()))))
     return out
