@@ -61,10 +61,21 @@ def test_summary_counts_only_the_window_and_ranks_delays():
     assert percentile([], 0.5) is None and percentile([3.0, 1.0, 2.0], 0.99) == 3.0
 
 
-def test_synthetic_tokens_slice_like_a_list():
-    t = _Tokens(7)
-    t.n = 5
-    assert len(t) == 5 and t[2:5] == [7, 7, 7] and t[5:5] == []
+def test_synthetic_tokens_slice_like_a_list_of_distinct_values():
+    t, lp = _Tokens(), _Tokens(logprobs=True)
+    t.n = lp.n = 5
+    assert len(t) == 5 and t[2:5] == [1002, 1003, 1004] and t[5:5] == []
+    # distinct objects, as a real response's values: one repeated object would pickle as references to it
+    assert len({id(x) for x in t[0:5]}) == 5 and len({id(x) for x in lp[0:5]}) == 5
+    assert all(x < 0 for x in lp[0:5])
+
+
+def test_held_entries_default_to_one_per_running_sequence_spread_over_replicas():
+    assert Load(replicas=4, seqs=3).held == 12
+    load = Load(replicas=4, seqs=3, held_entries=6)
+    assert [load.held_on(r) for r in range(4)] == [2, 2, 1, 1]
+    with pytest.raises(ValueError, match="held_entries"):
+        Load(held_entries=-1)
 
 
 def test_pool_stats_time_its_compactions(tmp_path):

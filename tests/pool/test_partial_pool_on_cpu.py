@@ -177,3 +177,29 @@ def test_truncate_drops_a_bad_tail_and_survives_replay(tmp_path):
     pool.shutdown()
     again = PartialPool(path)
     assert again.get("k").tokens == [5, 6] and again.get("k").logprobs == [-0.5, -0.6]
+
+
+def test_the_log_keeps_every_log_prob_exactly_and_reads_older_plain_logs(tmp_path):
+    import json
+    import math
+
+    path = str(tmp_path / "pool.log")
+    pool = PartialPool(path)
+    pool.open("k", "g", 2, [1, 2], {"max_tokens": 8})
+    lps = [-math.inf, -1e-300, -0.1 - 0.2, -123.456789012345678]
+    pool.append("k", 2, [0, 151_643, 2**31 - 1, 5], lps, offset=0)
+    with pytest.raises(ValueError, match="int32"):
+        pool.append("k", 2, [2**31], [0.0], offset=4)
+    assert len(pool.get("k").tokens) == 4  # refused before it touched the entry
+    pool.shutdown()
+    again = PartialPool(path)
+    t = again.get("k")
+    assert t.tokens == [0, 151_643, 2**31 - 1, 5] and t.logprobs == lps  # bit-exact, -inf included
+    again.shutdown()
+    # a log written before the records were packed (plain JSON lists) still replays
+    old = tmp_path / "old.log"
+    old.write_text(json.dumps({"op": "open", "key": "o", "group_id": "g", "version": 0, "prompt_ids": [1],
+                               "sampling_params": {}, "replica_id": None, "state": {}}) + "\n"
+                   + json.dumps({"op": "append", "key": "o", "version": 0, "tokens": [4, 5],
+                                 "logprobs": [-0.5, -1.5], "state": None, "offset": 0}) + "\n")
+    assert PartialPool(str(old)).get("o").tokens == [4, 5]

@@ -56,22 +56,27 @@ STATS_TIMEOUT_S = 300.0
 
 
 class _Tokens:
-    """A response's tokens as the streamer sees them (``len`` and slices) without holding 16K ints per sequence."""
+    """A response's tokens (or log-probs) as the streamer sees them (``len`` and slices) without holding 16K values
+    per sequence. Each slice holds distinct values made on demand, as a real response's: one repeated object would
+    pickle as references to it and cost the pool one pointer a token, which understated its memory several times."""
 
-    def __init__(self, value: Any) -> None:
-        self.n, self.value = 0, value
+    def __init__(self, logprobs: bool = False) -> None:
+        self.n, self.logprobs = 0, logprobs
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, s: slice) -> list:
-        return [self.value] * len(range(*s.indices(self.n)))
+        r = range(*s.indices(self.n))
+        if self.logprobs:
+            return [-0.001 - (i % 4093) * 1e-3 for i in r]
+        return [1000 + i % 150000 for i in r]
 
 
 class _Sequence:
     def __init__(self, key: str, start: float, length: int, rate: float, streamer: Any) -> None:
         self.key, self.start, self.length, self.rate, self.streamer = key, start, length, rate, streamer
-        self.tokens, self.logprobs = _Tokens(7), _Tokens(-0.5)
+        self.tokens, self.logprobs = _Tokens(), _Tokens(logprobs=True)
 
 
 class _TimedStreamer(PoolStreamer):
@@ -127,6 +132,26 @@ class Generator:
         # a random phase, so the fleet's chunks are spread over the interval as a running fleet's are
         streamer.last = now - self.rng.random() * self.load.flush_interval_s
         return _Sequence(key, now, self.load.draw_length(self.rng), self.load.tokens_per_s, streamer)
+
+    async def hold(self) -> int:
+        """Open this generator's share of the held entries: finished responses waiting for their groups (each whole,
+        in one write, before the measurement starts). Returns how many."""
+        n = 0
+        for replica in self.replicas:
+            ops = []
+            for _ in range(self.load.held_on(replica)):
+                key, length = f"h{replica}-{uuid.uuid4().hex[:12]}", self.load.draw_length(self.rng)
+                toks, lps = _Tokens(), _Tokens(logprobs=True)
+                toks.n = lps.n = length
+                ops += [("open", (key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
+                                  replica)),
+                        ("append", (key, 0, toks[0:length], lps[0:length], None, 0)), ("finish", (key,))]
+            for i in range(0, len(ops), 96):
+                refused = [r for r in await self.pool.apply_many.remote(ops[i:i + 96]) if isinstance(r, Exception)]
+                if refused:
+                    raise RuntimeError(f"the pool refused held entries of replica {replica}: {refused[:3]}")
+            n += len(ops) // 3
+        return n
 
     async def _end(self, seq: _Sequence) -> None:
         began = time.monotonic()
@@ -198,6 +223,7 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                                                                batch_tick_s)
                 for g in range(generators)]
         ray.get([g.__ray_ready__.remote() for g in gens])
+        held = sum(ray.get([g.hold.remote() for g in gens], timeout=1800))
         start_at = time.monotonic() + 1.0
         paths = [os.path.join(folder, f"generator{g}.bin") for g in range(generators)]
         outs = ray.get([g.run_to.remote(start_at, duration_s, p) for g, p in zip(gens, paths)],
@@ -223,6 +249,7 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
     waits = [w for o in outs for b, w in o["end_waits"] if window[0] <= b < window[1]]
     out = summarize(sends, window)
     out.update(nominal_appends_per_s=load.nominal_appends_per_s(), running_sequences=sum(o["running"] for o in outs),
+               held_entries=held,
                open_entries=stats["open_entries"], compaction_s=stats["compaction_s_max"],
                compaction_s_total=stats["compaction_s_total"], compactions=stats["compactions"],
                pool_rss_bytes=stats["rss_bytes"], log_bytes_at_end=stats["log_bytes"],
@@ -241,6 +268,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens-per-s", type=float, default=d.tokens_per_s, help="decode rate of one sequence")
     ap.add_argument("--median-tokens", type=int, default=d.median_tokens)
     ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    ap.add_argument("--held-entries", type=int, default=None,
+                    help="finished responses held open for their groups (default: one per running sequence)")
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--warmup-s", type=float, default=15.0)
     ap.add_argument("--generators", type=int, default=2, help="load-generating actors (they share the machine)")
@@ -259,7 +288,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     load = Load(replicas=a.replicas, seqs=a.seqs, flush_tokens=a.flush_tokens, flush_interval_s=a.flush_interval_s,
-                tokens_per_s=a.tokens_per_s, median_tokens=a.median_tokens, max_tokens=a.max_tokens)
+                tokens_per_s=a.tokens_per_s, median_tokens=a.median_tokens, max_tokens=a.max_tokens,
+                held_entries=a.held_entries)
     prov = provenance(argv, "verl_laminar.bench.pool")  # before the run: the load it started under
     saved = None
     if a.results:

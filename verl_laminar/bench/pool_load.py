@@ -4,7 +4,9 @@ A rollout fleet of ``replicas`` x ``seqs`` running sequences, each decoding ``to
 streaming them to the pool by its chunk policy (``flush_tokens`` tokens or ``flush_interval_s`` seconds, whichever
 comes first: ``pool.partial.ChunkPolicy``). Response lengths are drawn from a log-normal law cut at ``max_tokens``
 (median ``median_tokens``): an assumption shaped like long reasoning responses, not a histogram from the paper.
-A finished sequence is replaced at once, so the number of running sequences stays ``replicas * seqs``.
+A finished sequence is replaced at once, so the number of running sequences stays ``replicas * seqs``. Beside them
+the pool holds ``held`` finished responses still open (default one per running sequence): a GRPO group's responses
+stay in the pool until the group's last one ends, so a fleet's pool holds more entries than it runs sequences.
 
 ``Schedule`` says when each sequence's next chunk is due, so the load generator wakes once per chunk rather than
 once per sequence per tick; ``summarize`` turns ``(send, acknowledged)`` times into the benchmark's keys.
@@ -30,16 +32,28 @@ class Load:
     sigma: float = 1.0
     max_tokens: int = 16384
     prompt_tokens: int = 256
+    held_entries: Optional[int] = None  # finished, still-open entries (None: one per running sequence)
 
     def __post_init__(self) -> None:
         if min(self.replicas, self.seqs, self.flush_tokens, self.max_tokens, self.median_tokens) < 1:
             raise ValueError(f"every count of the pool load must be >= 1: {self}")
+        if self.held_entries is not None and self.held_entries < 0:
+            raise ValueError(f"held_entries must be >= 0 (or None: one per running sequence): {self}")
         if self.flush_interval_s <= 0 or self.tokens_per_s <= 0 or self.sigma < 0:
             raise ValueError(f"flush_interval_s and tokens_per_s must be > 0, sigma >= 0: {self}")
 
     @property
     def running(self) -> int:
         return self.replicas * self.seqs
+
+    @property
+    def held(self) -> int:
+        return self.running if self.held_entries is None else self.held_entries
+
+    def held_on(self, replica: int) -> int:
+        """Held entries of replica ``replica`` (``held`` spread over the replicas, the first ones taking the rest)."""
+        base, extra = divmod(self.held, self.replicas)
+        return base + (1 if replica < extra else 0)
 
     def chunk_period_s(self) -> float:
         """Seconds between two chunks of one running sequence (whichever of the two rules comes first)."""

@@ -1,7 +1,7 @@
 """Partial-response pool: every in-progress trajectory's prompt, tokens so far, rollout log-probs and version.
 
 Plain class (the Ray actor is a thin shell around it). Durability: an append-only JSON-lines log on local disk,
-one record per operation, written with a single ``write`` on an ``O_APPEND`` descriptor. Chosen over
+one record per operation (a chunk's tokens and log-probs packed, ``logfile.encode``), written with a single ``write`` on an ``O_APPEND`` descriptor. Chosen over
 replication because one host-local file survives a restart of the pool process at the cost of one small write
 per chunk, and needs no second pool to stay consistent; a torn last line (the process died mid-write) is
 skipped on recovery, which loses at most that one chunk, never an earlier one. The log is compacted (rewritten
@@ -14,7 +14,6 @@ together and only at the end (a chunk that arrives early waits for the one befor
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -22,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
 from verl_laminar.policy.accounting import InvariantViolation
-from verl_laminar.pool.logfile import Counted, rss_bytes
+from verl_laminar.pool.logfile import Counted, decode, encode, rss_bytes
 
 logger = logging.getLogger(__name__)
 
 # operations a batch may carry (the writes of the streams; claims and queries stay single calls)
 BATCHABLE = frozenset({"open", "append", "finish", "close", "truncate", "reassign"})
+INT32 = 2**31
 FINISHED = "engine_finished"  # state key: the engine ended the trajectory; its tokens are the whole response
 
 
@@ -120,7 +120,10 @@ class PartialPool:
         resends a call the dead process may or may not have logged, and the resent call can land after the
         sender's next chunk. Until the gap is filled the entry's ``tokens`` stop before it, so a resume
         continues from the last contiguous token and never skips one."""
-        rec = {"op": "append", "key": key, "version": int(version), "tokens": list(map(int, tokens)),
+        tokens = list(map(int, tokens))
+        if tokens and not (-INT32 <= min(tokens) and max(tokens) < INT32):  # the log packs ids as int32
+            raise ValueError(f"append to {key!r}: token ids must fit in int32, got {min(tokens)}..{max(tokens)}")
+        rec = {"op": "append", "key": key, "version": int(version), "tokens": tokens,
                "logprobs": list(map(float, logprobs)), "state": state, "t": time.time()}
         if offset is not None:
             t = self._entries.get(key)
@@ -303,7 +306,7 @@ class PartialPool:
                 if op == "append" and rec["tokens"]:
                     self._streamed.add(int(rid))
         if not replaying and self._fd is not None:
-            line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+            line = encode(rec)
             self._log_bytes += len(line)
             self._written += len(line)
             if op == "close":
@@ -335,7 +338,7 @@ class PartialPool:
             self.torn_records += 1
             logger.warning("partial-response pool %s: dropped a torn last record (%d bytes)", path, len(tail))
         for line in lines:
-            self._apply(json.loads(line), replaying=True)
+            self._apply(decode(line), replaying=True)
         self.recovered = len(self._entries)
         # rewrite so later appends never follow a torn record
         self._fd = None
@@ -348,21 +351,18 @@ class PartialPool:
         started = time.perf_counter()
         tmp = f"{path}.compact"
         sizes: dict[str, int] = {}
-        with open(tmp, "w") as raw:
+        with open(tmp, "wb") as raw:
             for t in self._entries.values():
                 f = Counted(raw, t.key, sizes)
-                f.write(json.dumps({"op": "open", "key": t.key, "group_id": t.group_id, "version": t.version,
-                                    "prompt_ids": t.prompt_ids, "sampling_params": t.sampling_params,
-                                    "replica_id": t.replica_id, "state": t.state}, separators=(",", ":")) + "\n")
+                f.write({"op": "open", "key": t.key, "group_id": t.group_id, "version": t.version,
+                         "prompt_ids": t.prompt_ids, "sampling_params": t.sampling_params,
+                         "replica_id": t.replica_id, "state": t.state})
                 if t.tokens:
-                    f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": t.tokens,
-                                        "logprobs": t.logprobs, "state": None,
-                                        "t": max((at for at, _ in t.grown), default=0.0)},
-                                       separators=(",", ":")) + "\n")
+                    f.write({"op": "append", "key": t.key, "version": t.version, "tokens": t.tokens,
+                             "logprobs": t.logprobs, "state": None, "t": max((at for at, _ in t.grown), default=0.0)})
                 for off, (toks, lps, st) in sorted(t.early.items()):
-                    f.write(json.dumps({"op": "append", "key": t.key, "version": t.version, "tokens": toks,
-                                        "logprobs": lps, "state": st, "offset": off},
-                                       separators=(",", ":")) + "\n")
+                    f.write({"op": "append", "key": t.key, "version": t.version, "tokens": toks, "logprobs": lps,
+                             "state": st, "offset": off})
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)
