@@ -117,3 +117,11 @@ def test_a_generators_records_go_through_a_file_and_come_back_equal(tmp_path):
         f.write((8).to_bytes(8, "little") + b"\0" * 8)
     with pytest.raises(ValueError, match="1 record parts, expected 3"):
         read_records(path)
+
+
+def test_pool_busy_is_cpu_seconds_per_wall_second_between_two_answers():
+    from verl_laminar.bench.pool import pool_busy
+
+    out = pool_busy({"cpu_s": 10.0, "at": 100.0}, {"cpu_s": 25.0, "at": 130.0})
+    assert out == {"pool_cpu_s": 15.0, "pool_busy_fraction": 0.5}
+    assert pool_busy({"cpu_s": 1.0, "at": 1.0}, {}) == {"pool_cpu_s": None, "pool_busy_fraction": None}

@@ -134,3 +134,22 @@ def test_batcher_rejects_nonsense_settings():
         PoolBatcher(object(), tick_s=0)
     with pytest.raises(ValueError):
         PoolBatcher(object(), max_ops=0)
+
+
+def test_an_open_sent_through_the_batcher_rides_the_batch_of_its_chunks_and_a_refusal_is_logged(tmp_path, caplog):
+    pool = PartialPool(str(tmp_path / "pool.log"))
+    handle = Handle(pool)
+
+    async def main():
+        batcher = PoolBatcher(handle, tick_s=0.01)
+        batcher.send("open", "a", "g", 0, [1], {}, 0)
+        done = batcher.submit("append", "a", 0, [5, 6], [-0.1, -0.2], None, 0)
+        batcher.send("open", "a", "g", 0, [1], {}, 0)  # twice: refused, logged, nothing raised
+        assert await done is True
+        await batcher.close()
+
+    with caplog.at_level("ERROR", logger="verl_laminar.pool.batch"):
+        asyncio.run(main())
+    assert handle.calls == ["apply_many"]  # the open, its chunk and the refused open: one call
+    assert pool.get("a").tokens == [5, 6]
+    assert "refused open of 'a'" in caplog.text and "opened twice" in caplog.text

@@ -55,22 +55,29 @@ logger = logging.getLogger(__name__)
 STATS_TIMEOUT_S = 300.0
 
 
+# Distinct values for the synthetic responses, made once: a generator slices them instead of building numbers per
+# chunk (it shares the cores with the pool). Ids above 256, as a real vocabulary's: Python caches small ints, so a
+# repeated small id (7, as this benchmark once sent) costs the pool one pointer a token instead of an object.
+_IDS = list(range(1000, 1000 + 2 * 16384))
+_LOGPROBS = [-0.001 - (i % 4093) * 1e-3 for i in range(2 * 16384)]
+
+
 class _Tokens:
     """A response's tokens (or log-probs) as the streamer sees them (``len`` and slices) without holding 16K values
-    per sequence. Each slice holds distinct values made on demand, as a real response's: one repeated object would
-    pickle as references to it and cost the pool one pointer a token, which understated its memory several times."""
+    per sequence; a slice holds distinct values, as a real response's does."""
 
     def __init__(self, logprobs: bool = False) -> None:
-        self.n, self.logprobs = 0, logprobs
+        self.n, self.values = 0, _LOGPROBS if logprobs else _IDS
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, s: slice) -> list:
-        r = range(*s.indices(self.n))
-        if self.logprobs:
-            return [-0.001 - (i % 4093) * 1e-3 for i in r]
-        return [1000 + i % 150000 for i in r]
+        start, stop, _ = s.indices(self.n)
+        if stop - start > len(self.values):
+            raise ValueError(f"a chunk of {stop - start} tokens is longer than the synthetic values ({len(self.values)})")
+        base = start % (len(self.values) - (stop - start) + 1)
+        return self.values[base:base + stop - start]
 
 
 class _Sequence:
@@ -121,13 +128,15 @@ class Generator:
 
     def _open(self, replica: int, now: float) -> _Sequence:
         key = f"r{replica}-{uuid.uuid4().hex[:12]}"
-        self.pool.open.remote(key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
-                              replica)
+        open_args = (key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens}, replica)
         batcher = None
-        if self.batch_tick_s > 0:
+        if self.batch_tick_s > 0:  # as the rollouts' servers: the open goes in the batch its chunks follow
             from verl_laminar.pool.batch import PoolBatcher
 
             batcher = self.batchers.setdefault(replica, PoolBatcher(self.pool, self.batch_tick_s))
+            batcher.send("open", *open_args)
+        else:
+            self.pool.open.remote(*open_args)
         streamer = _TimedStreamer(self, self.pool, key, 0, 0, self.policy, time.monotonic, batcher)
         # a random phase, so the fleet's chunks are spread over the interval as a running fleet's are
         streamer.last = now - self.rng.random() * self.load.flush_interval_s
@@ -200,6 +209,14 @@ class Generator:
             return {"error": traceback.format_exc()}
 
 
+def pool_busy(first: dict, last: dict) -> dict:
+    """The pool process's CPU seconds between two ``stats`` answers, per second of wall time (1.0: one core busy)."""
+    if last.get("cpu_s") is None or last["at"] <= first["at"]:  # no second answer within the bound
+        return {"pool_cpu_s": None, "pool_busy_fraction": None}
+    cpu = last["cpu_s"] - first["cpu_s"]
+    return {"pool_cpu_s": cpu, "pool_busy_fraction": cpu / (last["at"] - first["at"])}
+
+
 def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
         seed: int = 0, batch_tick_s: float = 0.0) -> dict:
     """One measurement on a local Ray instance; returns the result's keys (without provenance)."""
@@ -226,8 +243,17 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
         held = sum(ray.get([g.hold.remote() for g in gens], timeout=1800))
         start_at = time.monotonic() + 1.0
         paths = [os.path.join(folder, f"generator{g}.bin") for g in range(generators)]
-        outs = ray.get([g.run_to.remote(start_at, duration_s, p) for g, p in zip(gens, paths)],
-                       timeout=duration_s + 600)
+        refs = [g.run_to.remote(start_at, duration_s, p) for g, p in zip(gens, paths)]
+        # the pool's CPU seconds from the window's start: how busy one pool process is at this rate (its answer
+        # waits behind the chunks queued before it, so the span is measured between the two answers)
+        time.sleep(max(0.0, start_at + warmup_s - time.monotonic()))
+        first = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
+        time.sleep(max(0.0, start_at + duration_s - time.monotonic()))
+        try:
+            second = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            second = {}
+        outs = ray.get(refs, timeout=duration_s + 600)
         for g, o in enumerate(outs):
             if "error" in o:
                 raise RuntimeError(f"load generator {g} failed:\n{o['error']}")
@@ -238,7 +264,7 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
             logger.warning("the pool did not answer its stats within %.0f s (still applying queued chunks)",
                            STATS_TIMEOUT_S)
             stats = dict.fromkeys(("open_entries", "compaction_s_max", "compaction_s_total", "compactions",
-                                   "rss_bytes", "log_bytes"))
+                                   "rss_bytes", "log_bytes", "cpu_s", "at"))
         ray.kill(pool)
     finally:  # the records are read above, before the folder goes
         if started_ray:
@@ -254,7 +280,8 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                compaction_s_total=stats["compaction_s_total"], compactions=stats["compactions"],
                pool_rss_bytes=stats["rss_bytes"], log_bytes_at_end=stats["log_bytes"],
                end_wait_p50_s=percentile(waits, 0.5), end_wait_p99_s=percentile(waits, 0.99), ends_in_window=len(waits),
-               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs))
+               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs),
+               **pool_busy(first, second))
     return out
 
 

@@ -70,6 +70,17 @@ class PoolBatcher:
                 else:
                     f.set_result(r)
 
+    def send(self, name: str, *args: Any) -> asyncio.Future:
+        """``submit`` for an operation nobody awaits (a stream's ``open``: its chunks follow it in the same batches);
+        a refusal is logged instead of left in a future nobody reads."""
+        def log_refusal(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                logger.error("the pool refused %s of %r: %s", name, args[0] if args else None, f.exception())
+
+        future = self.submit(name, *args)
+        future.add_done_callback(log_refusal)
+        return future
+
     async def close(self) -> None:
         """Wait until every submitted operation was answered."""
         while self._task is not None and not self._task.done():

@@ -379,12 +379,13 @@ class PartialPool:
 
     def stats(self) -> dict:
         """What the pool holds and costs now: open entries, log records since the last compaction, the time its
-        compactions took, its process's resident memory (the benchmark's ``pool_rss_bytes``) and its log's size."""
+        compactions took, its process's resident memory (the benchmark's ``pool_rss_bytes``), its log's size, and
+        its process's CPU seconds so far with the (monotonic) time they were read."""
         log_bytes = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
         return {"open_entries": len(self._entries), "records": self._records, "compactions": len(self.compactions),
                 "compaction_s_total": sum(self.compactions), "compaction_s_max": max(self.compactions, default=0.0),
                 "rewritten_bytes": self.rewritten_bytes, "log_bytes_written": self._written,
-                "rss_bytes": rss_bytes(), "log_bytes": log_bytes}
+                "rss_bytes": rss_bytes(), "log_bytes": log_bytes, "cpu_s": time.process_time(), "at": time.monotonic()}
 
     def shutdown(self) -> None:
         if self._fd is not None:

@@ -117,11 +117,17 @@ class StreamingEngine:
             raise RuntimeError(f"request {key}: the server has no weight version yet (global_steps is None); a "
                                "Laminar request is sent only to a replica that loaded its version")
         pool = self._pool()
-        # not awaited: this server's chunks follow it in order; the entry carries the pin's version, the chunks
-        # the server's, so the pool refuses tokens of a version the group was not pinned to
-        pool.open.remote(key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
-                         self._replica, where_of(tag))
-        streamer = PoolStreamer(pool, key, int(version), 0, self._chunk, batcher=self.batcher(pool))
+        # not awaited: this server's chunks follow it in order (in the same batches, when it batches: one pool call
+        # fewer per request); the entry carries the pin's version, the chunks the server's, so the pool refuses
+        # tokens of a version the group was not pinned to
+        batcher = self.batcher(pool)
+        open_args = (key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
+                     self._replica, where_of(tag))
+        if batcher is not None:
+            batcher.send("open", *open_args)
+        else:
+            pool.open.remote(*open_args)
+        streamer = PoolStreamer(pool, key, int(version), 0, self._chunk, batcher=batcher)
         tokens: list = []
         log_probs: list = []
         delta = getattr(getattr(params, "output_kind", None), "name", "") == "DELTA"
