@@ -27,6 +27,7 @@ import contextlib
 import heapq
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -34,12 +35,12 @@ import sys
 import tempfile
 import time
 import uuid
+from array import array
 from typing import Any, Optional
 
 from verl_laminar.bench.pool_load import (
     Load,
     next_due,
-    pack_sends,
     percentile,
     read_records,
     summarize,
@@ -116,15 +117,18 @@ class Generator:
         self.replicas = replica_ids
         self.rng = random.Random(seed)
         self.policy = ChunkPolicy(self.load.flush_tokens, self.load.flush_interval_s)
-        self.sends: list[list] = []  # [sent, acknowledged or None] per chunk (monotonic seconds)
+        # per chunk its send and acknowledgment times (monotonic seconds; NaN: no answer yet), in arrays: a list a
+        # chunk (10^5-10^6 of them) made this process's own garbage collection pause its acknowledgments
+        self.sent, self.acked = array("d"), array("d")
         self.end_waits: list[tuple[float, float]] = []  # (when the end began, seconds it waited)
         self._finishing: set = set()
 
     def _record_send(self, ref: Any, sent: float) -> None:
-        row = [sent, None]
-        self.sends.append(row)
+        i = len(self.sent)
+        self.sent.append(sent)
+        self.acked.append(math.nan)
         future = ref if isinstance(ref, asyncio.Future) else ref.future()  # batched: the batcher's future
-        future.add_done_callback(lambda _f, row=row: row.__setitem__(1, time.monotonic()))
+        future.add_done_callback(lambda _f: self.acked.__setitem__(i, time.monotonic()))
 
     def _open(self, replica: int, now: float) -> _Sequence:
         key = f"r{replica}-{uuid.uuid4().hex[:12]}"
@@ -201,7 +205,7 @@ class Generator:
         its traceback, since the driver runs without the workers' logs."""
         try:
             out = await self.run(start_at, duration_s)
-            write_records(path, pack_sends(self.sends), self.end_waits)
+            write_records(path, (self.sent.tobytes(), self.acked.tobytes()), self.end_waits)
             return out
         except Exception:  # the driver raises it with the generator named
             import traceback
