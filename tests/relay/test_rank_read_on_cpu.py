@@ -169,3 +169,35 @@ def test_rank_out_of_range_and_presharded_entries_are_refused():
     shard = TensorEntry(name=e.name, dtype="float32", shape=(4, 4), offset=0, nbytes=64, rank=1)
     with pytest.raises(ReshardError, match="already a shard"):
         rank_slice(shard, 0, 2)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_vllm_loaders_handed_the_relays_views_copy_only_their_ranks_shard(relay, kv_heads):
+    """What a rank that loads the relay's mapping itself (``vllm_ext``: zero-copy views into vLLM's own loaders)
+    moves, counted at the copies that read the mapping: its shard of each sharded tensor, not the whole version;
+    and its parameters equal those loaded from private full tensors. A consumer that copies each tensor first
+    (verl's bucket: ``.to(device)``) reads all of it: the counter sees that too."""
+    from verl_laminar.relay.copy_count import MappingReads
+    from verl_laminar.relay.tensors import read_tensors
+
+    tp, w = 2, qwen25_layer(kv_heads)
+    pub = Publisher(LocalHandle(relay))
+    publish_tensors(pub, 1, w.items())
+    assert relay.wait_version(1, 10)
+    manifest, view = relay.reader().open(1)
+    loaded = {n for n in w if "norm" not in n}  # the layers vllm_rank builds: every tensor but the norms
+    whole = sum(e.nbytes for e in manifest.tensors if e.name in loaded)
+    for rank in range(tp):
+        expected = sum(rank_slice(e, rank, tp, kv_heads).nbytes for e in manifest.tensors if e.name in loaded)
+        mine, ref = vllm_rank(rank, tp, kv_heads), vllm_rank(rank, tp, kv_heads)
+        with MappingReads(view) as reads:
+            load_full(mine, dict(read_tensors(manifest, view)))
+        load_full(ref, {n: t.clone() for n, t in w.items()})
+        for part in ("qkv", "gate_up", "o", "down", "embed", "head"):
+            assert torch.equal(getattr(mine, part).weight.data, getattr(ref, part).weight.data), (rank, part)
+        assert reads.bytes == expected, (rank, reads.bytes, expected)
+        assert reads.bytes <= whole / tp + 64 * HIDDEN * 4 * 2  # W / TP, plus at most the vocab padding's rows
+        with MappingReads(view) as bucket:
+            copies = {n: t.to("cpu", copy=True) for n, t in read_tensors(manifest, view)}
+        assert bucket.bytes == sum(e.nbytes for e in manifest.tensors) and len(copies) == len(w)
+    pub.close()
