@@ -38,10 +38,8 @@ _PACKED = (("tokens", "tokens_i32", "i"), ("logprobs", "logprobs_f64", "d"))
 
 
 def _pack(values: Any, code: str) -> str:
-    try:
-        return base64.b64encode(array(code, values).tobytes()).decode("ascii")
-    except OverflowError as e:
-        raise ValueError(f"a token id does not fit in int32: {e}") from e
+    # ids are range-checked where they enter (``PartialPool.append``), before the entry changes
+    return base64.b64encode(array(code, values).tobytes()).decode("ascii")
 
 
 def encode(rec: dict) -> bytes:
