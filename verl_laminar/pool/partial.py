@@ -3,8 +3,9 @@
 Plain class (the Ray actor is a thin shell around it). Durability: an append-only JSON-lines log on local disk,
 one record per operation (a chunk's tokens and log-probs packed, ``logfile.encode``), written with a single
 ``write`` on an ``O_APPEND`` descriptor. Chosen over replication because one host-local file survives a restart
-of the pool process at the cost of one small write per chunk, and needs no second pool to stay consistent; a torn last line (the process died mid-write) is
-skipped on recovery, which loses at most that one chunk, never an earlier one. The log is compacted (rewritten
+of the pool process at the cost of one small write per chunk, and needs no second pool to stay consistent; a
+torn last line (the process died mid-write) is skipped on recovery, which loses at most that one chunk, never an
+earlier one. The log is compacted (rewritten
 from the live entries, then renamed over the old one) when closed records dominate it.
 
 Invariants (violations raise): a trajectory has one version for its whole life; tokens and log-probs grow
