@@ -47,6 +47,7 @@ REPLICA_KILLED = 1
 # it loaded, with no group to move), so it is armed after the second step past the adoptable ones
 REPLICA_KILL_AFTER = KILL_AFTER + 3
 POOL_KILL_AFTER = REPLICA_KILL_AFTER + 2  # while the replacement starts
+POOL_SHARDS = 2
 FAILOVER_OVERRIDES = (f"laminar.fault_injection.kill_replica={REPLICA_KILLED}",
                       f"laminar.fault_injection.kill_after_step={REPLICA_KILL_AFTER}",
                       "laminar.fault_injection.replica_fault=kill",
@@ -107,10 +108,11 @@ def story(log1: str, log2: str) -> str:
 def _run(out: Path, model: Path, *overrides: str) -> tuple[int, str]:
     # the pool gets a chunk every 8 tokens or 0.2 s (both runs): a request killed mid-generation has tokens there,
     # and the trainer's kill finds whole groups streaming before this 64-token workload's responses end (with the
-    # default 64 tokens or 1 s, a fast machine can finish a response before its first chunk)
+    # default 64 tokens or 1 s, a fast machine can finish a response before its first chunk); the pool in two shards
+    # (both runs): every write, continuation, adoption and the pool kill go through the routing by group
     return run_cpu_laminar(out, model, "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
                            "trainer.resume_mode=auto", "laminar.pool.flush_tokens=8",
-                           "laminar.pool.flush_interval_s=0.2",
+                           "laminar.pool.flush_interval_s=0.2", f"laminar.pool.shards={POOL_SHARDS}",
                            "laminar.fleet.detached=true", f"+ray_kwargs.ray_init.namespace={NAMESPACE}", *overrides,
                            steps=MAX_STEPS, resp=64)
 

@@ -177,6 +177,11 @@ KEY_EFFECT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/rollout/test_pool_streaming_on_cpu.py::"
         "test_a_servers_requests_share_one_pool_call_a_tick_unless_batching_is_off",
     ),
+    "laminar.pool.shards": (
+        # null: derived from the rollout's GPUs and max_num_seqs; given: that many actors, each owning whole groups
+        "tests/pool/test_pool_shards_on_cpu.py::test_the_shard_count_follows_the_running_sequences",
+        "tests/pool/test_pool_shards_actor_on_cpu.py::test_two_shards_route_by_group_and_restart_on_their_own",
+    ),
     "laminar.pool.log_dir": (
         # the pool's log goes there; null: the node's temp dir, one folder per run
         "tests/pool/test_pool_log_dir_on_cpu.py::test_the_pool_log_goes_to_log_dir_or_to_the_nodes_temp_dir",

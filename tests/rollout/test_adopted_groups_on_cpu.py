@@ -14,6 +14,7 @@ from verl_laminar.policy.adopt import ADOPTED_REPLICA
 from verl_laminar.policy.dispatch import RoutingError
 from verl_laminar.policy.replica_loss import ReplicaLost
 from verl_laminar.pool.partial import PartialPool
+from verl_laminar.pool.shards import PoolShards
 from verl_laminar.rollout.client import ADOPTED, GROUP_PIN, SESSION, LaminarLLMServerClient
 from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, where_of
 
@@ -33,7 +34,7 @@ async def _fleet(version: int = 1):
     await router.start(version)
     pool = PartialPool()
     client = LaminarLLMServerClient(client_config(), load_balancer_handle=ActorShell(router),
-                                    pool_handle=ActorShell(pool))
+                                    pool_handle=PoolShards([ActorShell(pool)]))
     return router, pool, client, server
 
 

@@ -14,6 +14,7 @@ from ray.exceptions import ActorDiedError
 from laminar_testing import ActorShell, client_config, router_over
 from verl_laminar.policy.accounting import InvariantViolation
 from verl_laminar.pool.partial import FINISHED, ChunkPolicy, PartialPool
+from verl_laminar.pool.shards import PoolShards
 from verl_laminar.rollout.client import GROUP_PIN, LaminarLLMServerClient
 from verl_laminar.rollout.pool_client import RECOVERED
 from verl_laminar.rollout.streaming_server import POOL_KEY_ARG, StreamingEngine, pool_tag
@@ -47,7 +48,7 @@ def _params(key=None, version=0, group="g"):
 def test_a_tagged_request_streams_every_token_and_log_prob_to_the_pool():
     async def main():
         pool = Pool()
-        eng = StreamingEngine(FakeEngine(10), lambda: ActorShell(pool), lambda: 3, ChunkPolicy(flush_tokens=4),
+        eng = StreamingEngine(FakeEngine(10), lambda: PoolShards([ActorShell(pool)]), lambda: 3, ChunkPolicy(flush_tokens=4),
                               replica=1)
         outs = [o async for o in eng.generate(prompt={"prompt_token_ids": [1, 2]},
                                               sampling_params=_params("r1", version=3), request_id="r1")]
@@ -68,7 +69,7 @@ def test_untagged_requests_stream_nothing_and_missing_log_probs_are_placeholders
         eng = StreamingEngine(FakeEngine(3), lambda: pytest.fail("no pool lookup for an untagged request"),
                               lambda: 0)
         assert len([o async for o in eng.generate(prompt={}, sampling_params=_params(), request_id="x")]) == 3
-        eng = StreamingEngine(FakeEngine(3, logprobs=False), lambda: ActorShell(pool), lambda: 0)
+        eng = StreamingEngine(FakeEngine(3, logprobs=False), lambda: PoolShards([ActorShell(pool)]), lambda: 0)
         [o async for o in eng.generate(prompt={}, sampling_params=_params("r2"), request_id="r2")]
         assert pool.get("r2").tokens == [100, 101, 102] and all(math.isnan(x) for x in pool.get("r2").logprobs)
 
@@ -92,7 +93,7 @@ def test_a_corrupted_answer_carries_ids_outside_any_vocabulary_that_the_client_c
 def test_a_server_on_another_version_than_the_entry_is_refused_by_the_pool():
     async def main():
         pool = Pool()
-        eng = StreamingEngine(FakeEngine(2), lambda: ActorShell(pool), lambda: 5, ChunkPolicy(flush_tokens=1))
+        eng = StreamingEngine(FakeEngine(2), lambda: PoolShards([ActorShell(pool)]), lambda: 5, ChunkPolicy(flush_tokens=1))
         with pytest.raises(InvariantViolation, match="of version 2 got tokens of version 5"):
             [o async for o in eng.generate(prompt={}, sampling_params=_params("r3", version=2), request_id="r3")]
 
@@ -164,7 +165,7 @@ async def _two_replicas(pool, response_length: int, with_pool: bool = True):
     await router.start(0)
     client = LaminarLLMServerClient(client_config(response_length=response_length),
                                     load_balancer_handle=ActorShell(router),
-                                    pool_handle=ActorShell(pool) if with_pool else None)
+                                    pool_handle=PoolShards([ActorShell(pool)]) if with_pool else None)
     pin = await router.assign_group("g", 1)
     other = await router.assign_group("h", 1)
     GROUP_PIN.set(pin)
@@ -235,7 +236,7 @@ def test_a_servers_requests_share_one_pool_call_a_tick_unless_batching_is_off(ti
 
     async def main():
         pool, calls = Pool(), []
-        eng = StreamingEngine(FakeEngine(32), lambda: CountingShell(pool, calls), lambda: 0,
+        eng = StreamingEngine(FakeEngine(32), lambda: PoolShards([CountingShell(pool, calls)]), lambda: 0,
                               ChunkPolicy(flush_tokens=4, batch_tick_s=tick))
         await asyncio.gather(*(_drain(eng.generate(prompt={"prompt_token_ids": [1]}, sampling_params=_params(f"r{i}"),
                                                     request_id=f"r{i}")) for i in range(8)))

@@ -12,6 +12,7 @@ import ray
 
 from verl_laminar.config.schema import FaultInjectionConfig, LaminarConfig
 from verl_laminar.fleet import node_procs
+from verl_laminar.pool.shards import PoolShards
 from verl_laminar.trainer import faults as tf
 from verl_laminar.trainer import procs
 
@@ -89,7 +90,8 @@ def fakes(monkeypatch):
 
 def _injector(f, schedule: str, pool=True) -> tf.FaultInjector:
     lam = LaminarConfig(fault_injection=FaultInjectionConfig(schedule=schedule))
-    return tf.FaultInjector(lam, _Handle(f.router), _Handle(f.pool) if pool else None, lambda: f.replicas, 4)
+    shards = PoolShards([_Handle(f.pool)]) if pool else None  # one shard: its queries are the merged ones
+    return tf.FaultInjector(lam, _Handle(f.router), shards, lambda: f.replicas, 4)
 
 
 def test_a_replica_fault_waits_for_work_and_strikes_the_replica_that_has_it(fakes):

@@ -116,6 +116,8 @@ def test_the_run_trains_every_step_after_a_replica_dies(failover_run):
         assert len(continued) >= last["laminar/ft/pool_continued"], continued
         assert sum(map(int, continued)) >= last["laminar/ft/pool_continued_tokens"], continued
     assert "partial-response pool 'laminar_partial_pool'" in log  # the trainer spawned it (or resumed with it)
+    if fault == "kill":  # the restart runs' pool has two shards: the continuations above were routed by group
+        assert f"({restart_run.POOL_SHARDS} shard(s)," in log, log[-3000:]
     # whole groups, nothing trained twice (this process's steps)
     assert last["laminar/trajectories/trained"] == (steps - first + 1) * 8 * 4
     assert last["laminar/invariant/checked_trajectories"] >= last["laminar/trajectories/trained"]
@@ -172,9 +174,9 @@ def test_a_replacement_joins_loads_a_version_from_its_relay_and_its_trajectories
 def test_a_killed_pool_restarts_from_its_log_and_the_run_goes_on(failover_run):
     _, log, run, _, steps = failover_run
     killed = re.findall(r"fault_injection: killed the partial-response pool \(SIGKILL of PID (\d+) on node \w+\) "
-                        r"after step (\d+)",
+                        r"after step (\d+): its shard 0 of (\d+)",
                         log)
-    assert [int(step) for _, step in killed] == [POOL_KILLED], killed
+    assert [(int(step), int(n)) for _, step, n in killed] == [(POOL_KILLED, restart_run.POOL_SHARDS)], killed
     back = re.findall(r"the partial-response pool answers again after ([\d.]+) s \(PID (\d+)", log)
     assert len(back) == 1 and back[0][1] != killed[0][0], back  # a new process: Ray restarted it
     last = run.steps[steps]

@@ -156,8 +156,12 @@ class PoolConfig(Section):
     flush_interval_s: float = 1.0
     batch_tick_s: Optional[float] = 0.05  # null: one pool call per chunk
     log_dir: Optional[str] = None  # null: the driver node's temp dir (node-local disk)
+    shards: Optional[int] = None  # null: as many as the fleet's running sequences need (trainer.pool.shard_count)
 
     def __post_init__(self) -> None:
+        self._require("shards", self.shards is None or 1 <= self.shards <= 64,
+                      "must be an integer from 1 to 64 (pool actors, each owning whole groups), or null (derived from "
+                      "the rollout's GPUs and max_num_seqs)")
         self._require("flush_tokens", self.flush_tokens >= 1, "must be an integer >= 1 (tokens per flush), e.g. 64")
         self._require("flush_interval_s", self.flush_interval_s > 0, "must be > 0 seconds, e.g. 1.0")
         self._require("batch_tick_s", self.batch_tick_s is None or self.batch_tick_s > 0,

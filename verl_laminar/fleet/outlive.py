@@ -211,7 +211,7 @@ def sweep(drain_timeout_s: float, pool: Any = None, ending: bool = False) -> dic
     alive = asyncio.run(_alive(list(replicas.values()))) if replicas else 0
     left, waited = asyncio.run(_drain(servers, drain_timeout_s)) if servers and drain_timeout_s > 0 else (0, 0.0)
     beat = found["beat"]
-    tokens = ray.get(pool.tokens_since.remote(beat)) if pool is not None and beat is not None and replicas else 0
+    tokens = pool.tokens_since(beat) if pool is not None and beat is not None and replicas else 0
     for r in replicas.values():  # a replica that died and was replaced meanwhile is gone already: skipped
         for actor in [*r["servers"], *r["workers"]]:
             with contextlib.suppress(Exception):

@@ -58,10 +58,10 @@ class LaminarAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         if not asks_the_pool(fleet, pool_enabled(self.config), prompt.get("agent_name")):
             return None
         if self._laminar_pool_handle is None:
-            from verl_laminar.pool.actor import POOL_NAME
+            from verl_laminar.pool.shards import find_shards
 
-            self._laminar_pool_handle = ray.get_actor(POOL_NAME)
-        return await self._laminar_pool_handle.claim_group.remote(uid, n)
+            self._laminar_pool_handle = find_shards()
+        return await self._laminar_pool_handle.of(uid).claim_group.remote(uid, n)  # the shard of the group
 
     async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         uid, validate = prompt["uid"], bool(trajectory["validate"])

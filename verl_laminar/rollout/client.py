@@ -103,7 +103,8 @@ class LaminarLLMServerClient(LLMServerClient):
         # the router's release protocol is known; no lazy round trip to ask it
         self._lb_require_acquire_fields = []
         self._lb_require_release_fields = ["request_id"]
-        # the partial-response pool (laminar.pool.enabled): given, or looked up by name on first use
+        # the partial-response pool's shards (laminar.pool.enabled; pool.shards.PoolShards): given, or looked up by
+        # name on first use
         self._pool_handle = pool_handle
         self._use_pool = pool_handle is not None or pool_enabled(config)
         self._recorder_obj: Optional[PieceRecorder] = None
@@ -114,11 +115,9 @@ class LaminarLLMServerClient(LLMServerClient):
             return None
         if self._recorder_obj is None:
             if self._pool_handle is None:
-                import ray
+                from verl_laminar.pool.shards import find_shards
 
-                from verl_laminar.pool.actor import POOL_NAME
-
-                self._pool_handle = ray.get_actor(POOL_NAME)
+                self._pool_handle = find_shards()
             self._recorder_obj = PieceRecorder(self._pool_handle)
         return self._recorder_obj
 
@@ -202,7 +201,7 @@ class LaminarLLMServerClient(LLMServerClient):
                 params = recorder.tag(vid, pin, params, where)
             output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
             if recorder is not None:
-                recorder.close(vid)  # the server awaited its last chunk before answering
+                recorder.close(vid, pin.group_id)  # the server awaited its last chunk before answering
             return output, vid
         finally:
             _VLLM_RID.reset(token)
@@ -242,7 +241,7 @@ class LaminarLLMServerClient(LLMServerClient):
                 kept = None
                 if recorder is not None:  # the piece is over either way: read (if it goes on) and close its entry
                     # "moved_fresh": the replica was fenced for garbage output; nothing it streamed is trusted
-                    kept = await recorder.recover(vid, bool(params.get("logprobs")),
+                    kept = await recorder.recover(vid, pin.group_id, bool(params.get("logprobs")),
                                                   keep=outcome == "moved" and resumable(params))
                 if outcome == "alive":
                     raise

@@ -36,7 +36,7 @@ def pool_enabled(config: Any) -> bool:
 
 class PieceRecorder:
     def __init__(self, pool: Any) -> None:
-        self.pool = pool
+        self.pool = pool  # pool.shards.PoolShards: each entry lives on the shard of its group
 
     def tag(self, vid: str, pin: Assignment, params: dict, where: Optional[dict] = None) -> dict:
         """The parameters to send: ``params`` with the pool tag the server opens and streams the entry by;
@@ -51,32 +51,32 @@ class PieceRecorder:
         closed. Its log-probs are the generating replica's, as for any response."""
         from verl.workers.rollout.replica import TokenOutput
 
-        entry = (await self.pool.get_many.remote([key])).get(key)
+        entry = (await self.pool.of(pin.group_id).get_many.remote([key])).get(key)
         if entry is None or not entry.state.get(FINISHED) or entry.version != pin.version:
             raise RuntimeError(f"adopted response {key!r} of group {pin.group_id!r} is not a finished entry of "
                                f"version {pin.version} in the pool ({entry and entry.version})")
-        self.close(key)
+        self.close(key, pin.group_id)
         v = entry.version
         return TokenOutput(token_ids=list(entry.tokens), log_probs=list(entry.logprobs) if want_log_probs else None,
                            stop_reason="completed",
                            extra_fields={"global_steps": v, "min_global_steps": v, "max_global_steps": v,
                                          ADOPTED_TOKENS: len(entry.tokens)})
 
-    def close(self, vid: str) -> None:
+    def close(self, vid: str, group_id: str) -> None:
         """Not awaited: the server applied every chunk of the piece before it answered."""
-        self.pool.close.remote(vid)
+        self.pool.of(group_id).close.remote(vid)
 
-    async def recover(self, vid: str, want_log_probs: bool, keep: bool = True) -> Optional[Any]:
+    async def recover(self, vid: str, group_id: str, want_log_probs: bool, keep: bool = True) -> Optional[Any]:
         """Close piece ``vid``'s entry (its replica died: the piece is over) and, with ``keep``, return what the
         replica streamed as verl's client returns an aborted request, labelled (as verl's client labels each
         output) with the entry's version, which the pool checked for every chunk; None when nothing reached the
         pool or ``keep`` is False."""
         from verl.workers.rollout.replica import TokenOutput
 
-        entry = (await self.pool.get_many.remote([vid])).get(vid)
+        entry = (await self.pool.of(group_id).get_many.remote([vid])).get(vid)
         if entry is None:
             return None  # never opened (the death came before the server took the request)
-        self.close(vid)
+        self.close(vid, group_id)
         if not keep or not entry.tokens:
             return None
         # the engine ended it before the replica died (it was answering): the whole response, not to be extended

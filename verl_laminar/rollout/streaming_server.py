@@ -78,7 +78,7 @@ def _new_log_probs(completion: Any, start: int, tokens: list) -> list:
 class StreamingEngine:
     """An ``AsyncLLM`` whose ``generate`` also streams tagged requests to the pool; everything else passes through.
 
-    ``pool``: a callable returning the pool actor handle (looked up on first use); ``version``: a callable
+    ``pool``: a callable returning the pool's shards (``pool.shards.PoolShards``, looked up on first use); ``version``: a callable
     returning the version the server serves now (verl's ``global_steps``).
     """
 
@@ -90,13 +90,16 @@ class StreamingEngine:
         object.__setattr__(self, "_version", version)
         object.__setattr__(self, "_chunk", chunk or ChunkPolicy())
         object.__setattr__(self, "streamed_requests", 0)
-        object.__setattr__(self, "_batcher", None)  # this process's PoolBatcher, made on the first tagged request
+        object.__setattr__(self, "_batchers", {})  # this process's PoolBatcher per shard, made on first use
 
-    def batcher(self, pool: Any) -> Optional[PoolBatcher]:
-        """The process's one batcher (every stream's chunks in one pool call a tick), None with batch_tick_s null."""
-        if self._batcher is None and self._chunk.batch_tick_s is not None:
-            object.__setattr__(self, "_batcher", PoolBatcher(pool, self._chunk.batch_tick_s))
-        return self._batcher
+    def batcher(self, pool: Any, shard: int = 0) -> Optional[PoolBatcher]:
+        """The process's batcher for a shard (every stream's chunks to it in one call a tick), None with batch_tick_s
+        null."""
+        if self._chunk.batch_tick_s is None:
+            return None
+        if shard not in self._batchers:
+            self._batchers[shard] = PoolBatcher(pool, self._chunk.batch_tick_s)
+        return self._batchers[shard]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -116,11 +119,13 @@ class StreamingEngine:
         if version is None:
             raise RuntimeError(f"request {key}: the server has no weight version yet (global_steps is None); a "
                                "Laminar request is sent only to a replica that loaded its version")
-        pool = self._pool()
+        shards = self._pool()
+        shard = shards.index(tag["group"])  # the shard that owns the request's group (pool.shards)
+        pool = shards.handles[shard]
         # not awaited: this server's chunks follow it in order (in the same batches, when it batches: one pool call
         # fewer per request); the entry carries the pin's version, the chunks the server's, so the pool refuses
         # tokens of a version the group was not pinned to
-        batcher = self.batcher(pool)
+        batcher = self.batcher(pool, shard)
         open_args = (key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
                      self._replica, where_of(tag))
         if batcher is not None:
@@ -175,9 +180,9 @@ def streaming_server_class(chunk: Optional[ChunkPolicy] = None, pool_name: Optio
 
             def pool() -> Any:
                 if "pool" not in cache:
-                    import ray
+                    from verl_laminar.pool.shards import find_shards
 
-                    cache["pool"] = ray.get_actor(name)
+                    cache["pool"] = find_shards(name)
                 return cache["pool"]
 
             self.engine = StreamingEngine(self.engine, pool, lambda: self.global_steps, policy, int(self.replica_rank))

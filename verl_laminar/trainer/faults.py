@@ -84,7 +84,7 @@ class FaultInjector:
             return None
         if self._pool is None:
             return []
-        whole = ray.get(self._pool.adoptable_groups.remote(self._group_size, True))
+        whole = self._pool.adoptable_groups(self._group_size, True)
         return whole if len(whole) >= KILL_WHOLE_GROUPS else None
 
     def _arm_trainer_kill(self, step: int) -> None:
@@ -123,8 +123,8 @@ class FaultInjector:
             return ray.get(self._router.open_groups_on.remote(replica_id)) > 0
         movable = ray.get(self._router.movable_groups_on.remote(replica_id))
         return (bool(movable)  # two of their requests still generating, a whole chunk of each in the pool
-                and ray.get(self._pool.streamed_on.remote(replica_id, self._chunk, movable)) >= 2
-                and ray.get(self._pool.silence.remote([replica_id])).get(replica_id, STREAMING_WITHIN_S)
+                and self._pool.streamed_on(replica_id, self._chunk, movable) >= 2
+                and self._pool.silence([replica_id]).get(replica_id, STREAMING_WITHIN_S)
                 < STREAMING_WITHIN_S)
 
     def _arm(self, fault: Fault) -> None:
@@ -192,17 +192,18 @@ class FaultInjector:
 
     # ---- the pool ----
     def _kill_pool(self, step: int) -> None:
-        """SIGKILL the pool's process on its node; a thread logs when the restarted pool answers again."""
+        """SIGKILL the process of the pool's shard 0 on its node (with several shards, the others keep serving); a
+        thread logs when the restarted shard answers again."""
         from verl_laminar.fleet import node_procs
         from verl_laminar.trainer import procs
 
-        t0 = time.monotonic()
-        ref, _ = procs.kill_actor_process(self._pool)
+        t0, shard = time.monotonic(), self._pool.handles[0]
+        ref, _ = procs.kill_actor_process(shard)
         logger.warning("laminar.fault_injection: killed the partial-response pool (SIGKILL of PID %d on node %s) "
-                       "after step %d", ref.pid, ref.node, step)
+                       "after step %d: its shard 0 of %d", ref.pid, ref.node, step, len(self._pool))
 
         def back() -> None:
-            new = node_procs.locate(self._pool, timeout_s=None)  # Ray holds the call until the restarted actor answers
+            new = node_procs.locate(shard, timeout_s=None)  # Ray holds the call until the restarted actor answers
             logger.warning("laminar.fault_injection: the partial-response pool answers again after %.1f s (PID %d, "
                            "its log replayed)", time.monotonic() - t0, new.pid)
 

@@ -183,7 +183,7 @@ def start_hang_watch(laminar: Any, router: Any, pool: Any, killer: ReplicaKiller
         dead = set(ray.get(router.dead_replicas.remote()))
         return [rid for rid in killer.tracked() if rid not in dead]
 
-    watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), lambda busy: ray.get(pool.silence.remote(busy)),
+    watch = HangWatch(policy, lambda: ray.get(router.busy_replicas.remote()), pool.silence,
                       lambda rid: killer.kill(rid, "laminar hang watch"), live=live,
                       ping_waits=PingProbe(lambda rid: killer.server(rid).__ray_ready__.remote()))
     logger.info("laminar: hang watch on (a replica holding requests with nothing streamed for %.1f s, or an idle one "

@@ -62,7 +62,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
         self.relay_group = None
         self._replicas: list = []
         self._files: parts.RunFiles | parts.NullRunFiles = parts.NullRunFiles()  # timeline + step file
-        self.pool = None  # the partial-response pool actor (laminar.pool.enabled), passed on as a handle
+        self.pool = None  # the partial-response pool's shards (laminar.pool.enabled; pool.shards.PoolShards)
         self._hang_watch: parts.Watch = parts.NullHangWatch()  # kills a replica that holds requests, streams nothing
         self._replacer: parts.Replacer = parts.NullReplacer()  # fleet.replacement.ReplacementLoop: one per dead one
         # replica failover, cumulative (laminar/ft/*): deaths, groups moved / lost, requests continued from the pool
@@ -250,7 +250,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def _shutdown_stack(self) -> parts.Components:
         """Every part, real or null, in the order _laminar_shutdown stops them backwards (SHUTDOWN_ORDER)."""
         return parts.shutdown_stack(
-            pool=parts.actor_stop("pool", self.pool, "shutdown", kill=True), fleet=self._fleet_beat,
+            pool=parts.Call("pool", self.pool.stop) if self.pool else parts.NullComponent("pool"), fleet=self._fleet_beat,
             relays=parts.actor_stop("relays", self.relay_group, "shutdown"),
             router=parts.actor_stop("router", self.router, "close"), ledger=parts.Call("ledger", self._log_ledger),
             files=self._files, buffer=parts.Call("buffer", self.replay_buffer.experience.close),

@@ -1,9 +1,10 @@
 """The partial-response pool on verl's trainer path (``laminar.pool.enabled``): the pool actor and the replicas
 that stream to it.
 
-    LaminarTrainer._setup: spawn_partial_pool (a fresh log in the driver's node's temp dir or
-        laminar.pool.log_dir, on the driver's node, after sweeping a pool a crashed run left behind) -> with streaming_replicas(...): verl's _setup
-        builds its rollout replicas as rollout.streaming_server.LaminarVLLMReplica
+    LaminarTrainer._setup: spawn_partial_pool (laminar.pool.shards actors, each with a fresh log in the driver's
+        node's temp dir or laminar.pool.log_dir, on the driver's node, after sweeping a pool a crashed run left
+        behind) -> with streaming_replicas(...): verl's _setup builds its rollout replicas as
+        rollout.streaming_server.LaminarVLLMReplica
     pinned clients open / close an entry per request piece and read it when the replica dies
         (rollout.pool_client); the router counts continuations; the trainer reports laminar/ft/pool_*
 """
@@ -43,38 +44,67 @@ def chunk_policy(pool: Any) -> Any:
     return ChunkPolicy(pool.flush_tokens, pool.flush_interval_s, pool.batch_tick_s)
 
 
-def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
-    """The pool actor of this run, or None with ``laminar.pool.enabled=false``.
+def shard_count(config: Any, laminar: Any) -> int:
+    """``laminar.pool.shards``, or with null as many as the fleet's running sequences need at most
+    (``pool.shards.shards_for``: rollout GPUs / a replica's GPUs x ``rollout.max_num_seqs``)."""
+    if laminar.pool.shards is not None:
+        return int(laminar.pool.shards)
+    from omegaconf import OmegaConf
 
-    The log starts empty: its entries belong to request pieces of an earlier process, which no client will read
+    from verl_laminar.pool.shards import shards_for
+
+    def get(key: str, default: Any) -> Any:
+        value = OmegaConf.select(config, key, default=default)
+        return default if value is None else value
+
+    ro = "actor_rollout_ref.rollout"
+    if int(get(f"{ro}.nnodes", 0)) > 0:  # the rollout's own machines
+        gpus = int(get(f"{ro}.nnodes", 1)) * int(get(f"{ro}.n_gpus_per_node", 1))
+    else:
+        gpus = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
+    per_replica = max(1, int(get(f"{ro}.tensor_model_parallel_size", 1)) * int(get(f"{ro}.data_parallel_size", 1))
+                      * int(get(f"{ro}.pipeline_model_parallel_size", 1)))
+    return shards_for(max(1, gpus // per_replica) * int(get(f"{ro}.max_num_seqs", 1024)))
+
+
+def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
+    """The pool's shards of this run (``pool.shards.PoolShards``), or None with ``laminar.pool.enabled=false``.
+
+    The logs start empty: their entries belong to request pieces of an earlier process, which no client will read
     again (the clients that opened them are gone, and a resumed run regenerates what was not trained)."""
     if not laminar.pool.enabled:
         return None
     import ray
 
-    from verl_laminar.pool.actor import POOL_NAME, spawn_pool
+    from verl_laminar.pool.actor import POOL_NAME
+    from verl_laminar.pool.shards import find_shards, shard_log, spawn_shards
 
     detached = laminar.fleet.detached
     try:  # a crashed run's pool in a Ray cluster that outlived it
-        left = ray.get_actor(POOL_NAME)
+        left = find_shards()
     except ValueError:
         left = None  # none: the usual case
     if left is not None and detached and resuming(config):
         # a detached fleet's pool: what its replicas finished while the trainer was down is adopted from it
-        logger.warning("laminar: resuming with the partial-response pool %r the previous trainer left (%d entries)",
-                       POOL_NAME, ray.get(left.__len__.remote()))
+        logger.warning("laminar: resuming with the partial-response pool %r the previous trainer left (%d shard(s), "
+                       "%d entries)", POOL_NAME, len(left), left.size())
         return left
     if left is not None:
-        ray.kill(left)
-        logger.warning("laminar: killed a partial-response pool %r left by an earlier run", POOL_NAME)
+        for h in left.handles:
+            ray.kill(h)
+        logger.warning("laminar: killed a partial-response pool (%d shards) left by an earlier run", len(left))
+    n = shard_count(config, laminar)
     path = pool_log_path(config, laminar.pool.log_dir)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if os.path.exists(path):
-        os.remove(path)
-    pool = spawn_pool(path, node_id=ray.get_runtime_context().get_node_id(), detached=detached)
-    ray.get(pool.__ray_ready__.remote())  # started (it replays nothing): a failure shows here, not at the first request
-    logger.info("laminar: partial-response pool %r, log %s (flush every %d tokens or %.1f s)", POOL_NAME, path,
-                laminar.pool.flush_tokens, laminar.pool.flush_interval_s)
+    paths = [shard_log(path, i) for i in range(n)]
+    for p in paths:
+        if os.path.exists(p):
+            os.remove(p)
+    pool = spawn_shards(paths, node_id=ray.get_runtime_context().get_node_id(), detached=detached)
+    # started (each replays nothing): a failure shows here, not at the first request
+    ray.get([h.__ray_ready__.remote() for h in pool.handles])
+    logger.info("laminar: partial-response pool %r of %d shard(s) on this node, logs %s (flush every %d tokens or "
+                "%.1f s)", POOL_NAME, n, ", ".join(paths), laminar.pool.flush_tokens, laminar.pool.flush_interval_s)
     return pool
 
 
