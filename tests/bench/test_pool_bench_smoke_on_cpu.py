@@ -12,9 +12,11 @@ KEYS = ("offered_appends_per_s", "sustained_appends_per_s", "delay_p50_s", "dela
         "compaction_s", "pool_rss_bytes", "end_wait_p50_s", "end_wait_p99_s")
 
 
-def test_a_toy_fleet_is_measured_with_every_key(capsys, tmp_path):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_toy_fleet_is_measured_with_every_key(capsys, tmp_path, shards):
     rc = bench.main(["--replicas", "2", "--seqs", "4", "--median-tokens", "60", "--max-tokens", "200",
-                     "--duration-s", "8", "--warmup-s", "2", "--log-dir", str(tmp_path), "--json"])
+                     "--duration-s", "8", "--warmup-s", "2", "--log-dir", str(tmp_path), "--json",
+                     "--shards", str(shards)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
     for key in KEYS + ("date", "machine", "command", "commit"):
@@ -24,4 +26,5 @@ def test_a_toy_fleet_is_measured_with_every_key(capsys, tmp_path):
     assert out["delay_p99_s"] >= out["delay_p50_s"] > 0
     assert out["open_entries"] >= 1 and out["pool_rss_bytes"] > 0 and out["compactions"] >= 1
     assert out["ends_in_window"] > 0  # responses of ~60 tokens end within the window
+    assert out["shards"] == shards and len(out["shard_busy_fractions"]) == shards
     assert list(tmp_path.iterdir()) == []  # the log's folder is removed

@@ -125,3 +125,21 @@ def test_pool_busy_is_cpu_seconds_per_wall_second_between_two_answers():
     out = pool_busy({"cpu_s": 10.0, "at": 100.0}, {"cpu_s": 25.0, "at": 130.0})
     assert out == {"pool_cpu_s": 15.0, "pool_busy_fraction": 0.5}
     assert pool_busy({"cpu_s": 1.0, "at": 1.0}, {}) == {"pool_cpu_s": None, "pool_busy_fraction": None}
+
+
+def test_the_shards_stats_add_up_to_one_pools():
+    from verl_laminar.bench.pool import merged, pools_busy
+
+    first = [{"cpu_s": 10.0, "at": 100.0}, {"cpu_s": 2.0, "at": 100.5}]
+    last = [{"cpu_s": 25.0, "at": 130.0}, {"cpu_s": 8.0, "at": 130.5}]
+    assert pools_busy(first, last) == {"pool_cpu_s": 21.0, "pool_busy_fraction": 0.7,
+                                       "shard_busy_fractions": [0.5, 0.2]}
+    missing = pools_busy(first, [last[0], dict.fromkeys(("cpu_s", "at"))])  # a shard that did not answer in time
+    assert missing["pool_busy_fraction"] is None and missing["shard_busy_fractions"] == [0.5, None]
+    a = {"open_entries": 5, "compaction_s_max": 0.2, "compaction_s_total": 0.3, "compactions": 2, "rss_bytes": 100,
+         "log_bytes": 7}
+    b = {"open_entries": 3, "compaction_s_max": 0.4, "compaction_s_total": 0.4, "compactions": 1, "rss_bytes": 50,
+         "log_bytes": 1}
+    assert merged([a, b]) == {"open_entries": 8, "compaction_s_max": 0.4, "compaction_s_total": 0.7, "compactions": 3,
+                              "rss_bytes": 150, "log_bytes": 8}
+    assert merged([a, {**b, "open_entries": None}])["open_entries"] is None  # unknown, not understated

@@ -56,6 +56,9 @@ def test_the_shard_count_follows_the_running_sequences():
     assert shard_count(cfg(tensor_model_parallel_size=8), derived) == 2  # 128 replicas (a 72B at TP=8)
     assert shard_count(cfg(nnodes=16, n_gpus_per_node=8), derived) == 2  # the rollout's own 16 machines
     assert shard_count(OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 1}}), derived) == 1
+    # no more than two steps' trajectories run at once: 512 prompts x 16 responses x 2 = 16,384 -> 2 shards
+    big = OmegaConf.merge(cfg(), {"data": {"train_batch_size": 512}, "actor_rollout_ref": {"rollout": {"n": 16}}})
+    assert shard_count(big, derived) == 2
     assert shard_count(cfg(), LaminarConfig(pool=PoolConfig(shards=3))) == 3  # given: as given
     with pytest.raises(LaminarConfigError, match="laminar.pool.shards"):
         PoolConfig(shards=0)

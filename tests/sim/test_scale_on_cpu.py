@@ -8,6 +8,7 @@ from verl_laminar.sim.params import DEFAULT_PARAMS
 from verl_laminar.sim.scale import (
     POOL_SERVICE,
     PoolService,
+    format_scale,
     offered_appends_per_s,
     pool_service_from,
     rank_bytes,
@@ -56,3 +57,15 @@ def test_a_run_that_kept_up_bounds_the_rate_and_one_that_queued_is_its_ceiling()
     assert not kept_up.saturated and kept_up.appends_per_s > 8000
     queued = pool_service_from(REPO / "docs/results/bench_pool_128x128_2026-12-07.json")
     assert queued.saturated and queued.appends_per_s > kept_up.appends_per_s  # it sustained more than it was offered
+
+
+def test_the_pool_is_priced_with_the_shards_the_product_derives():
+    from verl_laminar.pool.shards import running_bound, shards_for
+
+    s, inf = DEFAULT_PARAMS.schedule, DEFAULT_PARAMS.inference
+    derived = scale_check("32b", 4, 30, 237e3, 90.0, DEFAULT_PARAMS)
+    want = shards_for(running_bound(30, inf.max_num_seqs, s.prompts_per_step * s.group_size))
+    assert derived["pool"]["shards"] == want > 1  # laminar.pool.shards: null at this row
+    one = scale_check("32b", 4, 30, 237e3, 90.0, DEFAULT_PARAMS, shards=1)
+    assert one["pool"]["utilization"] == pytest.approx(derived["pool"]["utilization"] * want, rel=1e-2)
+    assert f"x {want} shard(s)" in format_scale(derived)

@@ -106,13 +106,12 @@ class Generator:
 
     def __init__(self, pool_name: str, load: dict, replica_ids: list[int], seed: int, batch_tick_s: float = 0.0
                  ) -> None:
-        import ray
-
         from verl_laminar.pool.partial import ChunkPolicy
+        from verl_laminar.pool.shards import find_shards
 
-        self.pool = ray.get_actor(pool_name)
-        self.batch_tick_s = batch_tick_s  # > 0: each replica sends its streams' writes in one call per tick
-        self.batchers: dict[int, Any] = {}
+        self.shards = find_shards(pool_name)  # each sequence is its own group here: its key routes it
+        self.batch_tick_s = batch_tick_s  # > 0: each replica sends its streams' writes in one call per tick per shard
+        self.batchers: dict[tuple[int, int], Any] = {}
         self.load = Load(**load)
         self.replicas = replica_ids
         self.rng = random.Random(seed)
@@ -133,15 +132,18 @@ class Generator:
     def _open(self, replica: int, now: float) -> _Sequence:
         key = f"r{replica}-{uuid.uuid4().hex[:12]}"
         open_args = (key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens}, replica)
-        batcher = None
+        shard = self.shards.index(key)
+        pool, batcher = self.shards.handles[shard], None
         if self.batch_tick_s > 0:  # as the rollouts' servers: the open goes in the batch its chunks follow
             from verl_laminar.pool.batch import PoolBatcher
 
-            batcher = self.batchers.setdefault(replica, PoolBatcher(self.pool, self.batch_tick_s))
+            if (replica, shard) not in self.batchers:
+                self.batchers[replica, shard] = PoolBatcher(pool, self.batch_tick_s)
+            batcher = self.batchers[replica, shard]
             batcher.send("open", *open_args)
         else:
-            self.pool.open.remote(*open_args)
-        streamer = _TimedStreamer(self, self.pool, key, 0, 0, self.policy, time.monotonic, batcher)
+            pool.open.remote(*open_args)
+        streamer = _TimedStreamer(self, pool, key, 0, 0, self.policy, time.monotonic, batcher)
         # a random phase, so the fleet's chunks are spread over the interval as a running fleet's are
         streamer.last = now - self.rng.random() * self.load.flush_interval_s
         return _Sequence(key, now, self.load.draw_length(self.rng), self.load.tokens_per_s, streamer)
@@ -151,26 +153,29 @@ class Generator:
         in one write, before the measurement starts). Returns how many."""
         n = 0
         for replica in self.replicas:
-            ops = []
+            ops: dict[int, list] = {}
             for _ in range(self.load.held_on(replica)):
                 key, length = f"h{replica}-{uuid.uuid4().hex[:12]}", self.load.draw_length(self.rng)
                 toks, lps = _Tokens(), _Tokens(logprobs=True)
                 toks.n = lps.n = length
-                ops += [("open", (key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
-                                  replica)),
-                        ("append", (key, 0, toks[0:length], lps[0:length], None, 0)), ("finish", (key,))]
-            for i in range(0, len(ops), 96):
-                refused = [r for r in await self.pool.apply_many.remote(ops[i:i + 96]) if isinstance(r, Exception)]
-                if refused:
-                    raise RuntimeError(f"the pool refused held entries of replica {replica}: {refused[:3]}")
-            n += len(ops) // 3
+                ops.setdefault(self.shards.index(key), []).extend([
+                    ("open", (key, key, 0, [1] * self.load.prompt_tokens, {"max_tokens": self.load.max_tokens},
+                              replica)),
+                    ("append", (key, 0, toks[0:length], lps[0:length], None, 0)), ("finish", (key,))])
+            for shard, mine in ops.items():
+                for i in range(0, len(mine), 96):
+                    answers = await self.shards.handles[shard].apply_many.remote(mine[i:i + 96])
+                    refused = [r for r in answers if isinstance(r, Exception)]
+                    if refused:
+                        raise RuntimeError(f"the pool refused held entries of replica {replica}: {refused[:3]}")
+                n += len(mine) // 3
         return n
 
     async def _end(self, seq: _Sequence) -> None:
         began = time.monotonic()
         await seq.streamer.flush(seq.tokens, seq.logprobs, finished=True)
         self.end_waits.append((began, time.monotonic() - began))
-        self.pool.close.remote(seq.key)
+        self.shards.of(seq.key).close.remote(seq.key)
 
     async def run(self, start_at: float, duration_s: float) -> dict:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
@@ -215,18 +220,60 @@ class Generator:
 
 def pool_busy(first: dict, last: dict) -> dict:
     """The pool process's CPU seconds between two ``stats`` answers, per second of wall time (1.0: one core busy)."""
-    if last.get("cpu_s") is None or last["at"] <= first["at"]:  # no second answer within the bound
+    if last.get("cpu_s") is None or first.get("cpu_s") is None or last["at"] <= first["at"]:  # an answer missing
         return {"pool_cpu_s": None, "pool_busy_fraction": None}
     cpu = last["cpu_s"] - first["cpu_s"]
     return {"pool_cpu_s": cpu, "pool_busy_fraction": cpu / (last["at"] - first["at"])}
 
 
-def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
-        seed: int = 0, batch_tick_s: float = 0.0) -> dict:
-    """One measurement on a local Ray instance; returns the result's keys (without provenance)."""
+def pools_busy(first: list[dict], last: list[dict]) -> dict:
+    """``pool_busy`` of each shard, and their sum (cores busy with the pool; None if a shard did not answer)."""
+    each = [pool_busy(f, s)["pool_busy_fraction"] for f, s in zip(first, last)]
+    cpu = [pool_busy(f, s)["pool_cpu_s"] for f, s in zip(first, last)]
+    whole = None in each or not each
+    return {"pool_cpu_s": None if whole else sum(cpu), "pool_busy_fraction": None if whole else sum(each),
+            "shard_busy_fractions": each}
+
+
+STAT_KEYS = ("open_entries", "compaction_s_max", "compaction_s_total", "compactions", "rss_bytes", "log_bytes",
+             "cpu_s", "at")
+
+
+def _stats(shards: Any, timeout_s: float = STATS_TIMEOUT_S) -> list[dict]:
+    """Each shard's ``stats``; a shard that does not answer within the bound (still applying queued chunks) gives
+    its keys as None."""
     import ray
 
-    from verl_laminar.pool.actor import spawn_pool
+    out = []
+    for h in shards.handles:
+        try:
+            out.append(ray.get(h.stats.remote(), timeout=timeout_s))
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("a pool shard did not answer its stats within %.0f s (still applying queued chunks)",
+                           timeout_s)
+            out.append(dict.fromkeys(STAT_KEYS))
+    return out
+
+
+def merged(stats: list[dict]) -> dict:
+    """The shards' end-of-run stats as one pool's: counts and bytes added, the longest compaction."""
+    def total(k: str) -> Optional[float]:
+        vals = [x[k] for x in stats]
+        return None if None in vals else sum(vals)
+
+    longest = [x["compaction_s_max"] for x in stats]
+    return {"open_entries": total("open_entries"), "compaction_s_max": None if None in longest else max(longest),
+            "compaction_s_total": total("compaction_s_total"), "compactions": total("compactions"),
+            "rss_bytes": total("rss_bytes"), "log_bytes": total("log_bytes")}
+
+
+def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir: Optional[str],
+        seed: int = 0, batch_tick_s: float = 0.0, shards: int = 1) -> dict:
+    """One measurement on a local Ray instance with ``shards`` pool actors; returns the result's keys (without
+    provenance)."""
+    import ray
+
+    from verl_laminar.pool.shards import shard_log, spawn_shards
 
     if warmup_s >= duration_s:
         raise ValueError(f"--warmup-s {warmup_s} must be shorter than --duration-s {duration_s}")
@@ -237,8 +284,8 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
     name = f"laminar_pool_bench_{uuid.uuid4().hex[:8]}"
     try:
-        pool = spawn_pool(os.path.join(folder, "pool.log"), name=name)
-        ray.get(pool.stats.remote())
+        pool = spawn_shards([shard_log(os.path.join(folder, "pool.log"), i) for i in range(shards)], base=name)
+        _stats(pool)
         gens = [ray.remote(Generator).options(num_cpus=0).remote(name, load.to_dict(),
                                                                list(range(g, load.replicas, generators)), seed + g,
                                                                batch_tick_s)
@@ -251,25 +298,18 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
         # the pool's CPU seconds from the window's start: how busy one pool process is at this rate (its answer
         # waits behind the chunks queued before it, so the span is measured between the two answers)
         time.sleep(max(0.0, start_at + warmup_s - time.monotonic()))
-        first = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
+        first = _stats(pool)
         time.sleep(max(0.0, start_at + duration_s - time.monotonic()))
-        try:
-            second = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            second = {}
+        second = _stats(pool)
         outs = ray.get(refs, timeout=duration_s + 600)
         for g, o in enumerate(outs):
             if "error" in o:
                 raise RuntimeError(f"load generator {g} failed:\n{o['error']}")
             o.update(zip(("sends", "end_waits"), read_records(paths[g])))
-        try:  # queued behind every chunk still unapplied: a saturated pool answers late, or not within the bound
-            stats = ray.get(pool.stats.remote(), timeout=STATS_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            logger.warning("the pool did not answer its stats within %.0f s (still applying queued chunks)",
-                           STATS_TIMEOUT_S)
-            stats = dict.fromkeys(("open_entries", "compaction_s_max", "compaction_s_total", "compactions",
-                                   "rss_bytes", "log_bytes", "cpu_s", "at"))
-        ray.kill(pool)
+        # queued behind every chunk still unapplied: a saturated pool answers late, or not within the bound
+        stats = merged(_stats(pool))
+        for h in pool.handles:
+            ray.kill(h)
     finally:  # the records are read above, before the folder goes
         if started_ray:
             ray.shutdown()
@@ -284,8 +324,8 @@ def run(load: Load, duration_s: float, warmup_s: float, generators: int, log_dir
                compaction_s_total=stats["compaction_s_total"], compactions=stats["compactions"],
                pool_rss_bytes=stats["rss_bytes"], log_bytes_at_end=stats["log_bytes"],
                end_wait_p50_s=percentile(waits, 0.5), end_wait_p99_s=percentile(waits, 0.99), ends_in_window=len(waits),
-               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs),
-               **pool_busy(first, second))
+               batch_tick_s=batch_tick_s, batched_calls=sum(o["pool_calls"] for o in outs), shards=shards,
+               **pools_busy(first, second))
     return out
 
 
@@ -307,6 +347,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-tick-s", type=float, default=ChunkPolicy().batch_tick_s,
                     help="each replica's chunks go to the pool in one call per tick (pool.batch), as the rollouts "
                          "send them (laminar.pool.batch_tick_s, default %(default)s); 0: one call per chunk")
+    ap.add_argument("--shards", type=int, default=1, help="pool actors, each owning whole groups (pool.shards)")
     ap.add_argument("--log-dir", default=None, help="where the pool's log goes (default: this node's temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=None, metavar="DIR", help="also write the JSON to DIR/<name>_<date>.json")
@@ -331,7 +372,7 @@ def main(argv=None) -> int:
             return 2
     # Ray prints its warnings (tasks piling up before a saturated actor) to stdout: keep stdout for the JSON
     with contextlib.redirect_stdout(sys.stderr):
-        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed, a.batch_tick_s)
+        measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed, a.batch_tick_s, a.shards)
     result = {**prov, "load": load.to_dict(), "duration_s": a.duration_s, "warmup_s": a.warmup_s,
               "generators": a.generators, **measured}
     text = json.dumps(result, indent=2)

@@ -37,6 +37,14 @@ def shard_index(group_id: Any, n: int) -> int:
     return zlib.crc32(str(group_id).encode()) % n if n > 1 else 0
 
 
+def running_bound(replicas: int, max_num_seqs: int, step_trajectories: Optional[int] = None) -> int:
+    """Sequences that can generate at once: what the engines admit, but no more than two steps' trajectories (the
+    trainer takes them as they finish, so about a step's worth is in flight; the staleness bound lets some more: 2x
+    is headroom, and a shard too many costs one mostly idle process on the driver's node)."""
+    admitted = max(1, int(replicas)) * max(1, int(max_num_seqs))
+    return admitted if not step_trajectories else min(admitted, 2 * int(step_trajectories))
+
+
 def shards_for(running_sequences: int) -> int:
     """How many shards a fleet of ``running_sequences`` needs (``laminar.pool.shards: null``), at the measured
     ``SEQUENCES_PER_SHARD``, at most ``MAX_SHARDS``."""

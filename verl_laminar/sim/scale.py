@@ -103,12 +103,19 @@ def refresh_s(nbytes: int, p: SimParams) -> float:
 
 def scale_check(model: str, tp: int, rollouts: int, tokens_per_s: float, step_time_s: float, p: SimParams,
                 flush_tokens: int = 64, flush_interval_s: float = 1.0,
-                pool: Optional[PoolService] = None) -> dict:
-    """The pool's load against its measured service rate and the refresh's share of a step, for one plan row."""
+                pool: Optional[PoolService] = None, shards: Optional[int] = None) -> dict:
+    """The pool's load against its measured service rate and the refresh's share of a step, for one plan row.
+    ``shards``: pool actors (default: what ``laminar.pool.shards: null`` derives for this row), each priced at the
+    one measured process's rate (each shard a process of its own, on a driver node with a core per shard)."""
+    from verl_laminar.pool.shards import running_bound, shards_for
+
     pool = pool or POOL_SERVICE
     running = running_sequences(rollouts, p)
     offered = offered_appends_per_s(running, tokens_per_s, flush_tokens, flush_interval_s)
-    util = offered / pool.appends_per_s
+    if shards is None:
+        sch = p.schedule
+        shards = shards_for(running_bound(rollouts, p.inference.max_num_seqs, sch.prompts_per_step * sch.group_size))
+    util = offered / (pool.appends_per_s * shards)
     refresh = {}
     for how, shard in (("whole", False), ("shard", True)):
         b = rank_bytes(model, tp, shard)
@@ -123,7 +130,8 @@ def scale_check(model: str, tp: int, rollouts: int, tokens_per_s: float, step_ti
     return {
         "label": "SIMULATED",
         "pool": {"offered_appends_per_s": round(offered, 1), "service_appends_per_s": pool.appends_per_s,
-                 "service_is_ceiling": pool.saturated, "utilization": round(util, 3), "measured_in": pool.source,
+                 "service_is_ceiling": pool.saturated, "shards": shards, "utilization": round(util, 3),
+                 "measured_in": pool.source,
                  "running_sequences": running},
         "refresh": {"tp": tp, "reads": "whole (every rank reads the whole version today)", **refresh},
         "bottlenecks": bottlenecks,
@@ -136,7 +144,8 @@ def format_scale(check: dict) -> str:
     pool, ref = check["pool"], check["refresh"]
     bound = "" if pool["service_is_ceiling"] else ">="
     return (f"scale (SIMULATED): pool {pool['offered_appends_per_s']:,.0f} appends/s offered, {bound}"
-            f"{pool['service_appends_per_s']:,.0f}/s measured ({pool['measured_in']}), utilization "
+            f"{pool['service_appends_per_s']:,.0f}/s measured ({pool['measured_in']}) x {pool['shards']} shard(s), "
+            f"utilization "
             f"{pool['utilization']:.2f}; refresh per rank {ref['whole']['bytes_per_rank'] / 1e9:.1f} GB whole "
             f"({ref['whole']['refresh_s']} s, {ref['whole']['share_of_step']:.1%} of a step) vs "
             f"{ref['shard']['bytes_per_rank'] / 1e9:.1f} GB its shard ({ref['shard']['refresh_s']} s); "

@@ -45,13 +45,13 @@ def chunk_policy(pool: Any) -> Any:
 
 
 def shard_count(config: Any, laminar: Any) -> int:
-    """``laminar.pool.shards``, or with null as many as the fleet's running sequences need at most
-    (``pool.shards.shards_for``: rollout GPUs / a replica's GPUs x ``rollout.max_num_seqs``)."""
+    """``laminar.pool.shards``, or with null as many as the fleet's running sequences need (``pool.shards``: rollout
+    GPUs / a replica's GPUs x ``rollout.max_num_seqs``, at most two steps' trajectories)."""
     if laminar.pool.shards is not None:
         return int(laminar.pool.shards)
     from omegaconf import OmegaConf
 
-    from verl_laminar.pool.shards import shards_for
+    from verl_laminar.pool.shards import running_bound, shards_for
 
     def get(key: str, default: Any) -> Any:
         value = OmegaConf.select(config, key, default=default)
@@ -64,7 +64,8 @@ def shard_count(config: Any, laminar: Any) -> int:
         gpus = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
     per_replica = max(1, int(get(f"{ro}.tensor_model_parallel_size", 1)) * int(get(f"{ro}.data_parallel_size", 1))
                       * int(get(f"{ro}.pipeline_model_parallel_size", 1)))
-    return shards_for(max(1, gpus // per_replica) * int(get(f"{ro}.max_num_seqs", 1024)))
+    step = int(get("data.train_batch_size", 0)) * int(get(f"{ro}.n", 1))
+    return shards_for(running_bound(gpus // per_replica, int(get(f"{ro}.max_num_seqs", 1024)), step or None))
 
 
 def spawn_partial_pool(config: Any, laminar: Any) -> Optional[Any]:
