@@ -143,3 +143,19 @@ def test_the_shards_stats_add_up_to_one_pools():
     assert merged([a, b]) == {"open_entries": 8, "compaction_s_max": 0.4, "compaction_s_total": 0.7, "compactions": 3,
                               "rss_bytes": 150, "log_bytes": 8}
     assert merged([a, {**b, "open_entries": None}])["open_entries"] is None  # unknown, not understated
+
+
+def test_the_shards_comparison_takes_distinct_counts_and_ratios_against_the_first():
+    import argparse
+
+    from verl_laminar.bench.pool_shards import compare, shard_counts
+
+    assert shard_counts("1,2,4") == [1, 2, 4]
+    for bad in ("2", "1,1", "0,2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            shard_counts(bad)
+    runs = {1: {"sustained_appends_per_s": 100.0, "delay_p99_s": 2.0},
+            2: {"sustained_appends_per_s": 150.0, "delay_p99_s": 0.5}}
+    assert compare(runs) == {"2": {"sustained_ratio": 1.5, "delay_p99_ratio": 0.25}}
+    assert compare({1: {"sustained_appends_per_s": 0.0, "delay_p99_s": None}, 2: runs[2]})["2"] == {
+        "sustained_ratio": None, "delay_p99_ratio": None}
