@@ -265,11 +265,15 @@ def _shutdown_trainer(monkeypatch, log, **parts):
 
 def test_the_trainer_stops_its_parts_in_the_documented_order_once(monkeypatch, caplog):
     """What _laminar_shutdown did by hand, in the same order: the replacement loop, the hang watch, the buffer, the
-    run files, the ledger's log line, the router, the relays, a detached fleet, the pool (shut down, then killed)."""
+    run files, the ledger's log line, the router, the relays, a detached fleet, the pool (each shard shut down, then
+    killed)."""
+    from verl_laminar.pool.shards import PoolShards
+
     log: list = []
     t = _shutdown_trainer(monkeypatch, log, _replacer=_Part("replacer", log), _hang_watch=_Part("hang watch", log),
                           _files=_Part("run files", log), _fleet_beat=_Part("fleet", log),
-                          router=_Actor("router", log), relay_group=_Actor("relays", log), pool=_Actor("pool", log))
+                          router=_Actor("router", log), relay_group=_Actor("relays", log),
+                          pool=PoolShards([_Actor("pool", log)]))
     with caplog.at_level("INFO", logger="verl_laminar.trainer.laminar_trainer"):
         t._laminar_shutdown()
         t._laminar_shutdown()  # verl's on_train_end after an end at the last step: nothing stops twice

@@ -250,7 +250,7 @@ class LaminarTrainer(PPOTrainerSeparateAsync):
     def _shutdown_stack(self) -> parts.Components:
         """Every part, real or null, in the order _laminar_shutdown stops them backwards (SHUTDOWN_ORDER)."""
         return parts.shutdown_stack(
-            pool=parts.Call("pool", self.pool.stop) if self.pool else parts.NullComponent("pool"), fleet=self._fleet_beat,
+            pool=parts.NullComponent("pool") if self.pool is None else parts.Call("pool", self.pool.stop), fleet=self._fleet_beat,
             relays=parts.actor_stop("relays", self.relay_group, "shutdown"),
             router=parts.actor_stop("router", self.router, "close"), ledger=parts.Call("ledger", self._log_ledger),
             files=self._files, buffer=parts.Call("buffer", self.replay_buffer.experience.close),
