@@ -356,20 +356,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def setup(a: argparse.Namespace, argv: Any, module: str, stem: str) -> tuple[Load, dict, Any]:
+    """The load of the flags, the provenance record (before the run: the load it started under), and the result file
+    claimed (None without ``--results``; False, logged, when it exists)."""
     load = Load(replicas=a.replicas, seqs=a.seqs, flush_tokens=a.flush_tokens, flush_interval_s=a.flush_interval_s,
                 tokens_per_s=a.tokens_per_s, median_tokens=a.median_tokens, max_tokens=a.max_tokens,
                 held_entries=a.held_entries)
-    prov = provenance(argv, "verl_laminar.bench.pool")  # before the run: the load it started under
-    saved = None
-    if a.results:
-        try:
-            saved = claim_result_path(a.results, a.results_name or f"bench_pool_{a.replicas}x{a.seqs}", prov)
-        except FileExistsError as e:
-            logger.error("pool bench: %s", e)
-            return 2
+    prov = provenance(argv, module)
+    if not a.results:
+        return load, prov, None
+    try:
+        return load, prov, claim_result_path(a.results, a.results_name or f"{stem}_{a.replicas}x{a.seqs}", prov)
+    except FileExistsError as e:
+        logger.error("%s: %s", module, e)
+        return load, prov, False
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    load, prov, saved = setup(a, argv, "verl_laminar.bench.pool", "bench_pool")
+    if saved is False:
+        return 2
     # Ray prints its warnings (tasks piling up before a saturated actor) to stdout: keep stdout for the JSON
     with contextlib.redirect_stdout(sys.stderr):
         measured = run(load, a.duration_s, a.warmup_s, a.generators, a.log_dir, a.seed, a.batch_tick_s, a.shards)

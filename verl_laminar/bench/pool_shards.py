@@ -19,8 +19,6 @@ import sys
 from typing import Optional
 
 from verl_laminar.bench import pool as bench
-from verl_laminar.bench.pool_load import Load
-from verl_laminar.bench.provenance import claim_result_path, provenance
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +48,9 @@ def main(argv=None) -> int:
     mine, rest = ap.parse_known_args(argv)
     a = bench.parse_args(rest)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    load = Load(replicas=a.replicas, seqs=a.seqs, flush_tokens=a.flush_tokens, flush_interval_s=a.flush_interval_s,
-                tokens_per_s=a.tokens_per_s, median_tokens=a.median_tokens, max_tokens=a.max_tokens,
-                held_entries=a.held_entries)
-    prov = provenance(argv, "verl_laminar.bench.pool_shards")
-    saved = None
-    if a.results:
-        try:
-            saved = claim_result_path(a.results, a.results_name or f"bench_pool_shards_{a.replicas}x{a.seqs}", prov)
-        except FileExistsError as e:
-            logger.error("pool shards bench: %s", e)
-            return 2
+    load, prov, saved = bench.setup(a, argv, "verl_laminar.bench.pool_shards", "bench_pool_shards")
+    if saved is False:
+        return 2
     runs: dict[int, dict] = {}
     with contextlib.redirect_stdout(sys.stderr):  # Ray's warnings: stdout holds the JSON alone
         for n in mine.shards:
