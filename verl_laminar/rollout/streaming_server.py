@@ -128,10 +128,7 @@ class StreamingEngine:
         batcher = self.batcher(pool, shard)
         open_args = (key, str(tag["group"]), int(tag["version"]), _prompt_ids(args, kwargs), _loggable(params),
                      self._replica, where_of(tag))
-        if batcher is not None:
-            batcher.send("open", *open_args)
-        else:
-            pool.open.remote(*open_args)
+        opened = batcher.send("open", *open_args) if batcher is not None else pool.open.remote(*open_args)
         streamer = PoolStreamer(pool, key, int(version), 0, self._chunk, batcher=batcher)
         tokens: list = []
         log_probs: list = []
@@ -150,6 +147,13 @@ class StreamingEngine:
             yield out
         # finished: a replica that dies after this leaves a whole response, which the client must not extend
         await streamer.flush(tokens, log_probs, finished=finished)
+        # and its entry exists before the client hears the answer and closes it: a request aborted before its first
+        # token sends no chunk to wait for, and its open may still sit in the batcher's next tick
+        try:
+            await opened
+        except Exception as e:  # noqa: BLE001 - the chunks' refusals raised above; a batched open's is logged
+            if batcher is None:
+                logger.error("the pool refused the open of %r: %s", key, e)
         object.__setattr__(self, "streamed_requests", self.streamed_requests + 1)
 
 
