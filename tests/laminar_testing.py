@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +44,19 @@ class ActorShell:
             return fn(*a, **k)
 
         return _Remote(call)
+
+
+def wait_process_gone(pid: int, what: str, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until process ``pid`` has exited: ``ray.kill`` returns before it is gone, and a call sent
+    meanwhile can still reach the old process; after this the next call is served by the restarted actor."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} {pid} outlived ray.kill by {timeout_s:.0f} s")
 
 
 def run_cpu_laminar(out: Path, model: Path, *overrides: str, steps: int = 3, resp: int = 96,

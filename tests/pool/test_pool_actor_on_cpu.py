@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import ray  # noqa: E402
+
+from laminar_testing import wait_process_gone
 
 pytestmark = pytest.mark.ray_driver  # starts a Ray driver: runs in a child interpreter
 
@@ -26,17 +27,7 @@ def test_killed_pool_actor_restarts_with_its_entries(local_ray, tmp_path):
     ray.get(pool.append.remote("u_0", 2, [4, 5], [-0.1, -0.2]))
     pid_before = ray.get(pool.__ray_call__.remote(lambda self: os.getpid()))
     ray.kill(pool, no_restart=False)
-    # ray.kill returns before the process is gone, and a call sent meanwhile can still reach the old one:
-    # wait (bounded) until it has exited, so the next call is served by the restarted actor
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid_before, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the pool actor's process {pid_before} outlived ray.kill by 60 s")
+    wait_process_gone(pid_before, "the pool actor's process")
     # the next call waits for the restart (max_task_retries) and sees the replayed log
     t = ray.get(pool.get.remote("u_0"), timeout=120)
     assert (t.version, t.tokens, t.logprobs) == (2, [4, 5], [-0.1, -0.2])

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 import ray
 
+from laminar_testing import wait_process_gone
 from verl_laminar.pool.batch import PoolBatcher
 from verl_laminar.pool.partial import ChunkPolicy
 from verl_laminar.pool.shards import find_shards, shard_log, spawn_shards
@@ -30,17 +30,6 @@ def local_ray():
 
 def _pid(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=120)
-
-
-def _wait_gone(pid: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"shard process {pid} outlived ray.kill by 60 s")
 
 
 async def _stream(shards, groups: list[str]) -> None:
@@ -79,7 +68,7 @@ def test_two_shards_route_by_group_and_restart_on_their_own(local_ray, tmp_path)
     # shard 1's process dies: it restarts and replays its log; shard 0 keeps its process and its entries
     pid0, pid1 = _pid(shards.handles[0]), _pid(shards.handles[1])
     ray.kill(shards.handles[1], no_restart=False)
-    _wait_gone(pid1)
+    wait_process_gone(pid1, "shard 1's process")
     assert _pid(shards.handles[0]) == pid0 and ray.get(shards.handles[0].__len__.remote()) == 2 * len(by_shard[0])
     assert _pid(shards.handles[1]) != pid1
     g = by_shard[1][0]
