@@ -65,13 +65,17 @@ def _register_cpu_platform() -> str:
     from verl_laminar.patches import apply_patch
     from verl_laminar.patches.cpu_config import CPU_CONFIG_DEFAULTS
     from verl_laminar.patches.cpu_runtime import FSDP_ENGINES, GLOO_PROCESS_GROUP
+    from verl_laminar.patches.relay_refresh import RELAY_IN_PLACE_REFRESH
     from verl_laminar.patches.vllm_reload import VLLM_LAYERWISE_RELOAD
     from verl_laminar.patches.weight_sync_guard import WEIGHT_SYNC_FAIL_FAST
     from verl_laminar.platform.vllm_dist import check as check_vllm_dist
 
-    # weight_sync_fail_fast guards a hang that GPUs share; it is applied with the CPU patches only, because a
-    # run on a host with an accelerator gets none of ours until it has been checked on one (see patches/README.md)
-    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD, WEIGHT_SYNC_FAIL_FAST):
+    # weight_sync_fail_fast guards a hang that GPUs share and relay_in_place_refresh saves GPU refreshes TP-1 of
+    # every TP copies; both are applied with the CPU patches only, because a run on a host with an accelerator
+    # gets none of ours until it has been checked on one (see patches/README.md). The guard comes last so that
+    # it wraps the in-place refresh too (its errors become WeightSyncError like the bucket path's).
+    for patch in (GLOO_PROCESS_GROUP, FSDP_ENGINES, CPU_CONFIG_DEFAULTS, VLLM_LAYERWISE_RELOAD, RELAY_IN_PLACE_REFRESH,
+                  WEIGHT_SYNC_FAIL_FAST):
         apply_patch(patch)
     check_vllm_dist()
     return f"active: {decision.reason}"

@@ -108,7 +108,9 @@ def test_trainer_imports(module, attr):
 
 
 def test_weight_sync_patch_targets():
-    """What cpu_vllm_layerwise_reload and weight_sync_fail_fast wrap or call (verl's receiver and sender)."""
+    """What cpu_vllm_layerwise_reload, relay_in_place_refresh and weight_sync_fail_fast wrap or call (verl's
+    receiver and sender)."""
+    from verl.checkpoint_engine.base import CheckpointEngineWorker
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as bwt
     from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as ext
     from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
@@ -128,4 +130,16 @@ def test_weight_sync_patch_targets():
     src = inspect.getsource(ServerAdapter.update_weights)
     assert '"update_weights_from_ipc"' in src and "non_block=True" in src and "BucketedWeightSender(" in src
     assert _params(reload.initialize_layerwise_reload) == ["model"]
+    # relay_in_place_refresh: the wire format verl's worker passes, the server rank's handle and the calls it makes
+    assert _params(ServerAdapter.update_weights)[3] == "wire_format"
+    assert callable(ServerAdapter._ensure_server_handle)
+    assert 'getattr(self.checkpoint_engine, "wire_format"' in inspect.getsource(CheckpointEngineWorker.update_weights)
+    assert "clear_kv_cache.remote()" in src and "set_global_steps.remote(global_steps)" in src
+    assert callable(ext._use_mtp_drafter_weight_sync)
+    from verl.workers.rollout.vllm_rollout import vllm_async_server as server_mod
+
+    text = inspect.getsource(server_mod)  # the file: the patch replaced the class's method, not the file
+    body = text[text.index("    async def collective_rpc("):]
+    body = body[:body.index("\n    async def ", 10)]
+    assert "await self.engine.collective_rpc(" in body and "return" not in body  # it drops the answers
     assert "model_config" in inspect.signature(reload.finalize_layerwise_processing).parameters

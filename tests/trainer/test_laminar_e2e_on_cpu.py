@@ -235,3 +235,22 @@ def test_every_trajectory_called_the_tool_and_got_its_output(laminar_run):
         # the sandbox really ran the model's code: its stdout is the value of the expression the model wrote
         assert ast.literal_eval(output.group(1)) == _OPS[op](int(a), int(b)), text
         assert call.start() < output.start()
+
+
+IN_PLACE = re.compile(r"laminar refresh: replica (\d+) loaded weight version (\d+) in place; bytes read per rank "
+                      r"\[([\d, ]+)\] of (\d+)")
+
+
+def test_every_refresh_loaded_the_version_in_place_from_the_relay(laminar_run):
+    """The patch relay_in_place_refresh in the product's path: each replica's refreshes had its vLLM worker open
+    the version in the relay's store and load it in place (the server rank's line, with the bytes each rank's
+    loaders read out of the mapping, counted at the copies), not through verl's weight buckets; both replicas
+    loaded a trained version that way. At TP=1 a rank keeps every tensor: it reads the version once or, through
+    vLLM's layerwise reload, twice."""
+    log = laminar_run[0]
+    loads = [(int(r), int(v), [int(b) for b in reads.split(",")], int(total))
+             for r, v, reads, total in IN_PLACE.findall(log)]
+    assert {r for r, *_ in loads} == {0, 1}, log[-3000:]
+    assert {r for r, v, *_ in loads if v >= 1} == {0, 1}, loads
+    for _, _, reads, total in loads:
+        assert len(reads) == 1 and total <= reads[0] <= 2 * total, loads

@@ -117,12 +117,17 @@ def load_buckets_layerwise(worker: Any, receive: Callable[[Callable], None], pef
 
 def describe_failure(cause: BaseException, rank: Any, bucket: int) -> str:
     """One line naming the worker, the bucket, the first error and where it was raised."""
+    return f"vLLM worker rank {rank}: loading synced weights failed in bucket {bucket}: {error_origin(cause)}"
+
+
+def error_origin(cause: BaseException) -> str:
+    """``Type: message at file:line in function`` (where it was raised): what survives vLLM's collective_rpc,
+    which passes on only a worker error's message."""
     import traceback
 
     frames = traceback.extract_tb(cause.__traceback__)
     where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
-    return (f"vLLM worker rank {rank}: loading synced weights failed in bucket {bucket}: "
-            f"{type(cause).__name__}: {cause}{where}")
+    return f"{type(cause).__name__}: {cause}{where}"
 
 
 def _apply_to(module: Any) -> None:

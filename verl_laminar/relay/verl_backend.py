@@ -6,7 +6,9 @@ Dataflow:
     other ranks:    iterate the generator (FSDP gathers are collective) and drop the tensors
     rollout worker: receive_weights / get_weights -> this machine's relay (mmap, zero copy) or,
                     when it is gone, its upstream neighbour's copy, pulled once per machine into shared
-                    memory (``node_pull``) -> verl's BucketedWeightSender
+                    memory (``node_pull``) -> verl's BucketedWeightSender; or, where the patch
+                    ``relay_in_place_refresh`` is applied (``wire.RELAY_WIRE``), the replica's server rank only
+                    says where the version lies and every vLLM worker loads its own shard from there in place
 Select with ``actor_rollout_ref.rollout.checkpoint_engine.backend=laminar`` and
 ``...checkpoint_engine.custom_backend_module=verl_laminar.relay.verl_backend``; options go in
 ``...checkpoint_engine.engine_kwargs.laminar`` (``group_name``, ``namespace``, ``timeout_s``, ``dtype``,
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Generator, Iterable, Optional, Union
+from typing import Any, Generator, Iterable, Iterator, Optional, Union
 
 import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry, CheckpointEngineWithCache
@@ -47,6 +49,7 @@ from verl_laminar.relay.node_pull import pull_shared, shared_pull_root
 from verl_laminar.relay.publish import Publisher, RayHandle, RelayGoneError
 from verl_laminar.relay.store import StoreReader, VersionGoneError
 from verl_laminar.relay.tensors import VersionWriter, read_tensors, resolve_dtype
+from verl_laminar.relay.wire import NAMED_TENSORS, RELAY_WIRE, RelayVersion, in_place_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +297,13 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             return {}
 
     # ---- rollout side ----
-    def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
+    def locate(self, version: Optional[int]) -> tuple[str, int]:
+        """(store directory, version) of ``version`` (None: the newest) on this machine, committed and readable.
+
+        From this machine's relay; when it is gone, from its upstream neighbour's copy, pulled once per machine
+        into shared memory (``node_pull``) by the first of its workers, not once per worker. Readers open the
+        directory with ``StoreReader``, whose shared lock keeps the store from recycling the file meanwhile.
+        """
         import ray
         from ray.exceptions import RayActorError
 
@@ -305,15 +314,21 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             if version is not None:
                 self._wait_committed(handle, rid, int(version))
             desc = self._call(handle.describe.remote(version))
-            return StoreReader(os.path.dirname(desc["path"])).open(desc["version"])
+            located = os.path.dirname(desc["path"]), int(desc["version"])
         except RayActorError:
             src, addr = self._call(self._group().fallback_for.remote(rid))
-            # one copy per machine in shared memory, pulled by the first of its workers, not one per worker
-            m, view = pull_shared(tuple(addr), version, shared_pull_root(rid), timeout_s=self.timeout_s)
+            root = shared_pull_root(rid)
+            m, _ = pull_shared(tuple(addr), version, root, timeout_s=self.timeout_s)
             logger.warning("relay %s unreachable; version %d read from its upstream %s", rid, m.version, src)
-            return m, view
+            located = root, m.version
         except ray.exceptions.RayTaskError as e:
             raise VersionGoneError(f"version {version} is not readable on relay {rid}: {e}") from e
+        self.served_version = located[1]
+        return located
+
+    def _open(self, version: Optional[int]) -> tuple[VersionManifest, memoryview]:
+        root, found = self.locate(version)
+        return StoreReader(root).open(found)
 
     def _wait_committed(self, handle: Any, rid: str, version: int, poll_s: float = 0.05) -> None:
         """verl's own weight sync (separate_async) starts the rollouts' receive together with the trainer's send,
@@ -334,9 +349,19 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
                                        f"for {self.timeout_s:.0f} s (newest {newest}, in flight {dict(mark)})")
             time.sleep(poll_s)
 
-    def receive_weights(self, global_steps: Optional[int] = None) -> Generator[tuple[str, torch.Tensor], None, None]:
-        """Zero-copy host tensors of the version, except those verl's sender needs on the device."""
-        m, view = self._open(global_steps)
+    @property
+    def wire_format(self) -> str:
+        """What verl's ``CheckpointEngineWorker`` tells its server adapter: ``RELAY_WIRE`` (each vLLM worker loads
+        its shard from the relay in place) where this process's adapter understands it, else verl's default."""
+        return RELAY_WIRE if in_place_enabled() else NAMED_TENSORS
+
+    def receive_weights(self, global_steps: Optional[int] = None) -> RelayVersion:
+        """The version as an iterator of zero-copy host tensors (except those verl's sender needs on the
+        device), which also says where it lies (``RelayVersion.locate``); nothing is read until one is used."""
+        return RelayVersion(self, global_steps)
+
+    def tensors(self, version: Optional[int]) -> Iterator[tuple[str, torch.Tensor]]:
+        m, view = self._open(version)
         self.served_version = m.version
         ipc, device = _rollout_platform() if self.bucket_size > 0 else (False, "")
         check_bucket_fits(m.tensors, self.bucket_size, ipc)
@@ -344,7 +369,7 @@ class RelayCheckpointEngine(CheckpointEngineWithCache):
             dest = transport_device(t.nbytes, self.bucket_size, ipc, device)
             yield name, (t if dest is None else _copy_to_device(t, dest))
 
-    def get_weights(self) -> Generator[tuple[str, torch.Tensor], None, None]:
+    def get_weights(self) -> RelayVersion:
         return self.receive_weights(None)
 
 

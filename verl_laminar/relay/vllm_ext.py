@@ -6,7 +6,9 @@ every worker maps the version read-only from its machine's relay store (shared m
 vLLM's in-place ``reload_weights`` -> the worker records and returns the version it now serves -> the driver
 checks all workers agree and drops the prefix cache built with the old weights.
 
-Enable with ``LLM(..., worker_extension_cls=EXTENSION)`` (or ``--worker-extension-cls``).
+Enable with ``LLM(..., worker_extension_cls=EXTENSION)`` (or ``--worker-extension-cls``). verl's own worker extension
+gets these methods from the patch ``relay_in_place_refresh`` (``patches/relay_refresh.py``), whose refresh calls
+``laminar_refresh`` on every worker of a replica.
 """
 
 from __future__ import annotations
@@ -34,18 +36,14 @@ class RelayWorkerExtension:
         manifest, view = StoreReader(root).open(version)
         return self._laminar_load(manifest, view)
 
-    def laminar_load_file(self, path: str, manifest_json: str) -> int:
-        """Load a version whose data file and manifest are given directly (e.g. from ``Relay.describe``)."""
-        import mmap
-        import os
-
-        manifest = VersionManifest.from_json(manifest_json)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            view = memoryview(mmap.mmap(fd, manifest.total_bytes, access=mmap.ACCESS_READ))
-        finally:
-            os.close(fd)
-        return self._laminar_load(manifest, view)
+    def laminar_refresh(self, root: str, version: int) -> dict:
+        """``laminar_load_from_relay`` for verl's refresh (``patches.relay_refresh``): loads ``version`` from the
+        store at ``root`` (under ``StoreReader``'s lock: an evicted version is a ``VersionGoneError``, never another
+        version's pages) and says what this rank read: ``{"version", "read_bytes", "total_bytes"}``."""
+        manifest, view = StoreReader(root).open(int(version))
+        self._laminar_load(manifest, view)
+        return {"version": manifest.version, "read_bytes": self._laminar_read_bytes,
+                "total_bytes": manifest.total_bytes}
 
     def laminar_served_version(self) -> Optional[int]:
         return getattr(self, "_laminar_version", None)

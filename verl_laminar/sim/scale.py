@@ -6,9 +6,11 @@ SIMULATED, like the rest of ``sim``, but from two inputs this project measured o
   rollouts' batched sending (``POOL_SERVICE``, its result file named beside it; a test checks the value against
   that file). A run that kept up with what it was offered only bounds the ceiling from below; one that fell behind
   gives the ceiling.
-* **the bytes a tensor-parallel rank copies to its GPU at a refresh**: the whole version (what the product does
-  today: every rank of a replica reads every tensor and vLLM's loaders narrow afterwards) or only its shard
-  (``relay.rank_read``'s slices), from the model's shipped ``config.json`` and ``relay.reshard.shard_rule``.
+* **the bytes a tensor-parallel rank copies to its GPU at a refresh**: the whole version (what a GPU run does
+  today: every rank of a replica reads every tensor through verl's buckets and vLLM's loaders narrow afterwards;
+  the in-place refresh, ``patches/relay_refresh.py``, is applied on CPU only until it has run on a GPU) or only its
+  shard (``relay.rank_read``'s slices, what that refresh reads), from the model's shipped ``config.json`` and
+  ``relay.reshard.shard_rule``.
 
 The load: each running sequence sends a chunk when ``flush_tokens`` tokens are new or ``flush_interval_s`` passed,
 so N running sequences decoding T tokens a second in all offer ``N * max(T / N / flush_tokens,
@@ -133,7 +135,7 @@ def scale_check(model: str, tp: int, rollouts: int, tokens_per_s: float, step_ti
                  "service_is_ceiling": pool.saturated, "shards": shards, "utilization": round(util, 3),
                  "measured_in": pool.source,
                  "running_sequences": running},
-        "refresh": {"tp": tp, "reads": "whole (every rank reads the whole version today)", **refresh},
+        "refresh": {"tp": tp, "reads": "whole (every rank of a GPU run reads the whole version today)", **refresh},
         "bottlenecks": bottlenecks,
         "rule": f"pool: utilization > {POOL_BUSY} of its measured rate; refresh: a replica stopped > "
                 f"{REFRESH_BUSY:.0%} of a step with whole-version reads",
