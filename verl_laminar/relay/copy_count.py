@@ -5,7 +5,8 @@ loaders narrow a full tensor to their rank's shard before they copy it into the 
 the views itself reads about W / TP, while a consumer that first copies every tensor (verl's weight bucket, a
 ``.to(device)``) reads all of W. ``MappingReads`` is a torch dispatch mode that adds up, for every copy whose
 source lies inside the mapping (``copy_``, ``_to_copy``, ``clone``), the bytes of that source view: what left
-the mapping, measured at the copy, not computed from shapes.
+the mapping, measured at the copy, not computed from shapes. A copy into the meta device moves nothing and is not
+counted (vLLM's layerwise reload makes one per tensor before the real one).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class MappingReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         at = _READS.get(func)
-        if at is not None and len(args) > at:
+        if at is not None and len(args) > at and not _into_meta(func, args, kwargs):
             src = args[at]
             if isinstance(src, torch.Tensor) and src.device.type == "cpu" and src.numel():
                 ptr = src.data_ptr()
@@ -41,3 +42,13 @@ class MappingReads(TorchDispatchMode):
                     self.bytes += src.numel() * src.element_size()
                     self.copies += 1
         return func(*args, **(kwargs or {}))
+
+
+def _into_meta(func: Any, args: tuple, kwargs: Any) -> bool:
+    """A copy whose destination is on the meta device moves no bytes: vLLM's layerwise reload first runs each
+    weight loader against meta parameters (to learn what a layer loads) and only then into real memory."""
+    if func is _aten.copy_.default:
+        dst = args[0]
+        return isinstance(dst, torch.Tensor) and dst.device.type == "meta"
+    device = (kwargs or {}).get("device")
+    return device is not None and torch.device(device).type == "meta"
