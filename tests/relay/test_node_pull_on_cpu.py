@@ -22,7 +22,7 @@ from verl_laminar.relay.layout import TornTransferError, VersionGoneError
 from verl_laminar.relay.node_pull import node_lock, pull_shared
 from verl_laminar.relay.publish import LocalHandle, Publisher
 from verl_laminar.relay.relay import Relay
-from verl_laminar.relay.tensors import publish_tensors
+from verl_laminar.relay.tensors import publish_tensors, read_tensors
 from verl_laminar.relay.verl_backend import RelayCheckpointEngine
 
 
@@ -135,6 +135,24 @@ def test_checkpoint_engine_fallback_reads_the_shared_copy(upstream, tmp_path, mo
     assert upstream.pulls == [7]
     for name, t in named:
         assert torch.equal(got[0][name], t) and torch.equal(got[1][name], t)
+    # the in-place refresh (wire.RELAY_WIRE): the server rank's locate names the pulled copy, no second pull,
+    # and a vLLM worker's laminar_refresh loads it from there under the store's lock
+    from verl_laminar.relay.vllm_ext import RelayWorkerExtension
+
+    eng = RelayCheckpointEngine(is_master=False, relay_id="dead", timeout_s=10)
+    eng._local_relay, eng._group, eng._call = (lambda: ("dead", None)), (lambda: group), (lambda ref: ref)
+    root, version = eng.receive_weights(7).locate()
+    assert (root, version) == (str(tmp_path / "dead.pulled"), 7) and upstream.pulls == [7]
+
+    class Worker:
+        def _laminar_load(self, manifest, view):
+            self.tensors = {n: t.clone() for n, t in read_tensors(manifest, view)}
+            self._laminar_read_bytes = len(view)
+
+    worker = Worker()
+    assert RelayWorkerExtension.laminar_refresh(worker, root, version)["version"] == 7
+    for name, t in named:
+        assert torch.equal(worker.tensors[name], t)
 
 
 def test_the_groups_shutdown_removes_pulled_copies_nobody_holds(upstream, tmp_path):
