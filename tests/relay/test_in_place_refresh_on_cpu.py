@@ -47,7 +47,7 @@ class _Adapter:
         return self._has_server
 
     async def _execute_method(self, method, non_block=False, timeout=None, args=(), kwargs=None):
-        self.calls.append(("rpc", method, kwargs))
+        self.calls.append(("rpc", method, kwargs, timeout))
         return self.results
 
     async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kwargs):
@@ -56,8 +56,10 @@ class _Adapter:
 
 @pytest.fixture
 def adapter_cls(monkeypatch):
-    """A fresh stand-in class wrapped by the patch; the process-wide in-place flag is restored afterwards."""
+    """A fresh stand-in class wrapped by the patch; the process-wide in-place flag is restored afterwards. The
+    workers' time limit is the guard's silence bound plus the version's read time (no store here: 42 s)."""
     monkeypatch.setattr(wire, "_IN_PLACE", [False])
+    monkeypatch.setattr(relay_refresh, "load_timeout_s", lambda root, version: 42.0)
     cls = type("ServerAdapter", (_Adapter,), {})
     relay_refresh._wrap_adapter(types.SimpleNamespace(ServerAdapter=cls))
     assert wire.in_place_enabled()
@@ -86,7 +88,7 @@ def test_the_server_rank_has_every_worker_load_in_place_then_clears_the_cache_an
     a, weights = adapter_cls(results=_ok(5, 52, 48)), _Located()
     assert asyncio.run(a.update_weights(weights, global_steps=5, wire_format=RELAY_WIRE)) is None
     assert weights.located == 1
-    assert a.calls == [("rpc", "laminar_refresh", {"root": "/store/r0", "version": 5}),
+    assert a.calls == [("rpc", "laminar_refresh", {"root": "/store/r0", "version": 5}, 42.0),
                        ("clear_kv_cache", (), {}), ("set_global_steps", (5,), {})]
 
 
@@ -102,7 +104,7 @@ def test_verls_own_wire_formats_take_verls_path(adapter_cls):
     assert a.calls == [("buckets", NAMED_TENSORS, [("w", 1)])]
 
 
-@pytest.mark.parametrize("results", [_ok(4, 10, 10), _ok(5, 10) + _ok(4, 10), [], None])
+@pytest.mark.parametrize("results", [_ok(4, 10, 10), _ok(5, 10) + _ok(4, 10), []])
 def test_a_worker_serving_another_version_fails_the_refresh_before_the_step_is_labelled(adapter_cls, results):
     a = adapter_cls(results=results)
     with pytest.raises(InPlaceLoadError, match="replica 3: asked to load weight version 5 in place"):
@@ -239,3 +241,34 @@ def test_a_workers_failure_names_its_type_rank_and_version(monkeypatch):
     assert msg.startswith("vLLM worker rank 1: loading weight version 4 in place from /store failed: "
                           "InjectedLoadFault: injected failure of weight load"), msg
     assert " at vllm_reload.py:" in msg
+
+
+def test_a_server_without_the_patchs_answers_is_named_not_taken_for_failed_workers(adapter_cls):
+    a = adapter_cls(results=None)
+    with pytest.raises(InPlaceLoadError, match="the server returned no answers"):
+        asyncio.run(a.update_weights(_Located(), global_steps=5, wire_format=RELAY_WIRE))
+
+
+def test_lora_in_verls_dict_form_and_disaggregation_keep_the_buckets():
+    cfg = types.SimpleNamespace(quantization=None, mtp=types.SimpleNamespace(enable=False))
+    assert "LoRA (rank 16)" == in_place_blocker(cfg, types.SimpleNamespace(lora_rank=0, lora={"rank": 16}))
+    pd = types.SimpleNamespace(quantization=None, disaggregation=types.SimpleNamespace(enabled=True))
+    assert "disaggregation" in in_place_blocker(pd, types.SimpleNamespace(lora_rank=0))
+
+
+def test_the_workers_time_limit_grows_with_the_version(tmp_path, monkeypatch):
+    import torch
+
+    from verl_laminar.relay.publish import LocalHandle, Publisher
+    from verl_laminar.relay.relay import Relay
+    from verl_laminar.relay.tensors import publish_tensors
+
+    monkeypatch.setenv("LAMINAR_WEIGHT_SYNC_ACK_TIMEOUT_S", "30")
+    relay = Relay("local", root=str(tmp_path / "relay"))
+    try:
+        publish_tensors(Publisher(LocalHandle(relay)), 1, [("w", torch.zeros(1 << 20))])
+        assert relay.wait_version(1, 30)
+        total = relay.reader().manifest(1).total_bytes
+        assert relay_refresh.load_timeout_s(relay.store.root, 1) == pytest.approx(30 + total / (256 << 20))
+    finally:
+        relay.close(destroy=True)

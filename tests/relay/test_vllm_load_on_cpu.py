@@ -164,7 +164,7 @@ def test_verls_refresh_loads_each_rank_of_a_tensor_parallel_replica_in_place(tp2
             clear_kv_cache=types.SimpleNamespace(remote=lambda: done(llm.reset_prefix_cache())),
             set_global_steps=types.SimpleNamespace(remote=lambda s: done(steps.append(s))))
 
-        async def _execute_method(self, method, kwargs=None):
+        async def _execute_method(self, method, timeout=None, kwargs=None):
             return llm.collective_rpc(method, kwargs=kwargs)
 
     reads = asyncio.run(refresh_in_place(Adapter(), (relay.store.root, 7), 7))

@@ -37,6 +37,7 @@ logger.setLevel(os.getenv("LAMINAR_LOGGING_LEVEL", "INFO"))  # each refresh's li
 TARGET_MODULE = "verl.workers.rollout.vllm_rollout.vllm_rollout"
 EXTENSION_MODULE = "verl.workers.rollout.vllm_rollout.utils"
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+# also replaced: vLLMColocateWorkerExtension (new methods) and vLLMHttpServer.collective_rpc (returns the answers)
 TARGET = f"{TARGET_MODULE}.ServerAdapter.update_weights"
 WORKER_METHOD = "laminar_refresh"
 IN_PLACE_LOG = "laminar refresh:"  # starts the line each in-place refresh logs (tests and the report read it)
@@ -65,8 +66,12 @@ def in_place_blocker(config: Any, model_config: Any, local_world: Optional[int] 
     if getattr(getattr(config, "mtp", None), "enable", False) or getattr(getattr(model_config, "mtp", None),
                                                                          "enable", False):
         return "an MTP drafter (verl syncs it from the same buckets)"
-    if getattr(model_config, "lora_rank", 0):
-        return f"LoRA (lora_rank={model_config.lora_rank})"
+    lora = getattr(model_config, "lora", None)
+    rank = getattr(model_config, "lora_rank", 0) or (lora.get("rank", 0) if hasattr(lora, "get") else 0)
+    if rank:
+        return f"LoRA (rank {rank})"
+    if getattr(getattr(config, "disaggregation", None), "enabled", False):
+        return "prefill/decode disaggregation"
     if getattr(getattr(model_config, "hf_config", None), "quantization_config", None) is not None:
         return "a quantized checkpoint"
     return None
@@ -107,6 +112,18 @@ def worker_refresh(worker: Any, root: str, version: int) -> dict:
                               f"failed: {error_origin(exc)}") from exc
 
 
+def verl_split(worker: Any, weights: Any) -> tuple[list, Any]:
+    """What verl's receiver does around ``model.load_weights`` for plain weights: patch the fused-MoE loaders, and
+    copy names that are the model's buffers in place (``apply_buffer_updates``) instead of loading them."""
+    from verl.utils.vllm.patch import patch_vllm_moe_model_weight_loader
+    from verl.workers.rollout.vllm_rollout.weight_update_utils import split_buffer_updates
+
+    model = worker.model_runner.model
+    patch_vllm_moe_model_weight_loader(model)
+    params, buffers, named = split_buffer_updates(model, list(weights))
+    return params, (lambda: worker._apply_buffer_updates_all_models(buffers, named)) if buffers else (lambda: None)
+
+
 def _extend_worker(module: Any) -> None:
     from verl_laminar.relay.vllm_ext import RelayWorkerExtension
 
@@ -116,13 +133,29 @@ def _extend_worker(module: Any) -> None:
     for name in _RELAY_METHODS:
         setattr(cls, name, RelayWorkerExtension.__dict__[name])
     setattr(cls, WORKER_METHOD, worker_refresh)
+    cls._laminar_split = verl_split
+
+
+def load_timeout_s(root: str, version: int) -> float:
+    """How long the workers' load may take before the refresh fails instead of hanging: the fail-fast guard's
+    silence bound (``LAMINAR_WEIGHT_SYNC_ACK_TIMEOUT_S``) plus the version read at 256 MiB/s, a floor far below
+    what a host copies (a stuck worker must not hold a refresh forever; Laminar's router has its own deadline)."""
+    from verl_laminar.patches.weight_sync_guard import ack_timeout_s
+    from verl_laminar.relay.store import StoreReader
+
+    return ack_timeout_s() + StoreReader(root).manifest(version).total_bytes / float(256 << 20)
 
 
 async def refresh_in_place(adapter: Any, located: tuple[str, int], global_steps: Optional[int]) -> list[int]:
     """The server rank's refresh: every worker loads ``located`` in place; the server then drops its KV cache."""
     root, version = located
-    results = await adapter._execute_method(WORKER_METHOD, kwargs={"root": root, "version": int(version)})
-    results = list(results or [])
+    results = await adapter._execute_method(WORKER_METHOD, timeout=load_timeout_s(root, int(version)),
+                                            kwargs={"root": root, "version": int(version)})
+    if results is None:
+        raise InPlaceLoadError(f"rollout replica {adapter.replica_rank}: the server returned no answers from its "
+                               f"workers for the in-place load of version {version} (verl's vLLMHttpServer."
+                               "collective_rpc without this patch's change: was the server started where it applies?)")
+    results = list(results)
     read = check_loaded(results, int(version), adapter.replica_rank)
     await adapter.server_handle.clear_kv_cache.remote()
     if global_steps is not None:

